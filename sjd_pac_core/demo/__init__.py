@@ -1,0 +1,8 @@
+"""The bundled demo text-to-image model: procedural data, a VQ tokenizer and a small Llama.
+
+    from sjd_pac_core.demo.model import load_demo
+    demo = load_demo()   # LM + VQ + vocabulary from sjd_pac_core/demo/weights/
+
+Rebuild from scratch with ``python -m sjd_pac_core.demo.train``; measure how a speculative
+sampler sees it with ``python -m sjd_pac_core.demo.calibrate``.
+"""

@@ -1,0 +1,364 @@
+"""Procedural captioned 64x64 images for the bundled demo model.
+
+Every image is a deterministic function of ``(seed, split, index)``. An image holds one or two
+shapes on a coloured, textured background, and its caption names them in plain English, e.g.
+``"a red circle top left on a blue background"`` or
+``"a large green triangle bottom left and a small yellow star top right on a black background"``.
+
+The textures are chosen so that the VQ tokens of an image behave like those of natural images
+under speculative Jacobi decoding: they carry real entropy, *and* that entropy is locally
+correlated (a token's distribution depends on its left and upper neighbours), so a draft token
+drawn from a stale distribution is often rejected once its neighbours change. Concretely:
+
+* backgrounds: base colour + a linear gradient in a random direction + band-limited "cloud"
+  noise (correlation length about one token) and, for some images, wavy stripes whose
+  frequency, orientation, wobble and phase are random; plus a little fine grain;
+* objects: shaded from a random light direction, an optional darker outline and optional inner
+  stripes at a random angle/period.
+
+Held-out split: some (colour, shape) pairs never occur in the training split; every held-out
+image contains at least one of them (see ``HELD_OUT_PAIRS``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+IMAGE_SIZE = 64
+
+COLORS: dict[str, tuple[int, int, int]] = {
+    "red": (215, 40, 40),
+    "green": (40, 165, 60),
+    "blue": (40, 80, 215),
+    "yellow": (240, 215, 45),
+    "orange": (240, 135, 30),
+    "purple": (135, 60, 185),
+    "pink": (245, 135, 190),
+    "white": (238, 238, 238),
+    "black": (22, 22, 22),
+    "gray": (128, 128, 128),
+    "cyan": (45, 200, 210),
+    "brown": (125, 78, 40),
+}
+COLOR_NAMES = list(COLORS)
+SHAPES = ["circle", "square", "triangle", "star", "diamond", "ring"]
+SIZES = ["small", "medium", "large"]  # "medium" is captioned without a size word
+SIZE_RADIUS = {"small": (6.5, 8.0), "medium": (9.5, 11.0), "large": (12.5, 14.5)}
+POSITIONS: dict[str, tuple[int, int]] = {  # name -> (x, y) centre in pixels
+    "top left": (16, 16),
+    "top": (32, 16),
+    "top right": (48, 16),
+    "left": (16, 32),
+    "in the center": (32, 32),
+    "right": (48, 32),
+    "bottom left": (16, 48),
+    "bottom": (32, 48),
+    "bottom right": (48, 48),
+}
+POSITION_NAMES = list(POSITIONS)
+
+# (colour, shape) pairs that never appear in the training split.
+HELD_OUT_PAIRS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("red", "star"),
+        ("blue", "triangle"),
+        ("green", "ring"),
+        ("yellow", "square"),
+        ("purple", "circle"),
+        ("white", "diamond"),
+        ("pink", "triangle"),
+        ("cyan", "square"),
+        ("orange", "ring"),
+        ("brown", "star"),
+    }
+)
+
+MIN_CONTRAST = 120.0  # minimum RGB distance between an object's colour and the background's
+
+SPLITS = {"train": 0, "heldout": 1}
+
+# Every word a caption can contain, in a fixed order (the vocabulary is built from this).
+CAPTION_WORDS: list[str] = (
+    ["a", "an", "and", "on", "background", "in", "the", "top", "bottom", "left", "right", "center"]
+    + ["small", "large"]
+    + COLOR_NAMES
+    + SHAPES
+)
+
+
+def color_distance(a: str, b: str) -> float:
+    return float(np.linalg.norm(np.subtract(COLORS[a], COLORS[b], dtype=np.float64)))
+
+
+@dataclass
+class ObjectSpec:
+    shape: str
+    color: str
+    size: str
+    position: str
+    center: tuple[float, float]  # pixel centre (x, y) after jitter
+    radius: float
+
+    def phrase(self) -> str:
+        first = self.color if self.size == "medium" else self.size
+        article = "an" if first[0] in "aeiou" else "a"
+        size = "" if self.size == "medium" else self.size + " "
+        return f"{article} {size}{self.color} {self.shape} {self.position}"
+
+
+@dataclass
+class Sample:
+    image: np.ndarray  # (64, 64, 3) uint8
+    caption: str
+    background: str
+    objects: list[ObjectSpec] = field(default_factory=list)
+    masks: list[np.ndarray] = field(default_factory=list)  # per object, float (64, 64) coverage
+
+
+def make_caption(objects: list[ObjectSpec], background: str) -> str:
+    article = "an" if background[0] in "aeiou" else "a"
+    return " and ".join(o.phrase() for o in objects) + f" on {article} {background} background"
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+_SS = 4  # supersampling factor for anti-aliased shape masks
+
+
+def _polygon(cx: float, cy: float, r: float, n: int, rot: float, inner: float | None = None):
+    pts = []
+    if inner is None:
+        for k in range(n):
+            a = rot + 2 * np.pi * k / n
+            pts.append((cx + r * np.cos(a), cy + r * np.sin(a)))
+    else:
+        for k in range(2 * n):
+            a = rot + np.pi * k / n
+            rr = r if k % 2 == 0 else r * inner
+            pts.append((cx + rr * np.cos(a), cy + rr * np.sin(a)))
+    return pts
+
+
+def shape_mask(shape: str, cx: float, cy: float, r: float) -> np.ndarray:
+    """Anti-aliased coverage mask in [0, 1], shape (64, 64)."""
+    S = IMAGE_SIZE * _SS
+    img = Image.new("L", (S, S), 0)
+    d = ImageDraw.Draw(img)
+    X, Y, R = (cx + 0.0) * _SS, (cy + 0.0) * _SS, r * _SS
+    if shape == "circle":
+        d.ellipse([X - R, Y - R, X + R, Y + R], fill=255)
+    elif shape == "ring":
+        d.ellipse([X - R, Y - R, X + R, Y + R], fill=255)
+        ri = R * 0.55
+        d.ellipse([X - ri, Y - ri, X + ri, Y + ri], fill=0)
+    elif shape == "square":
+        h = R * 0.85
+        d.rectangle([X - h, Y - h, X + h, Y + h], fill=255)
+    elif shape == "diamond":
+        d.polygon(_polygon(X, Y, R, 4, -np.pi / 2), fill=255)
+    elif shape == "triangle":
+        d.polygon(_polygon(X, Y + 0.15 * R, R * 1.05, 3, -np.pi / 2), fill=255)
+    elif shape == "star":
+        d.polygon(_polygon(X, Y + 0.05 * R, R * 1.08, 5, -np.pi / 2, inner=0.45), fill=255)
+    else:
+        raise ValueError(f"unknown shape {shape!r}")
+    small = img.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BOX)
+    return np.asarray(small, dtype=np.float32) / 255.0
+
+
+def _grid():
+    y, x = np.mgrid[0:IMAGE_SIZE, 0:IMAGE_SIZE].astype(np.float32)
+    return x + 0.5, y + 0.5
+
+
+_X, _Y = _grid()
+
+
+def _cloud_noise(rng: np.random.Generator, cells: int) -> np.ndarray:
+    """Band-limited noise, zero mean, unit-ish std; correlation length ~ 64/cells px."""
+    g = rng.standard_normal((cells + 3, cells + 3)).astype(np.float32)
+    im = Image.fromarray(g, mode="F")
+    # crop the margin away so edges are as random as the interior
+    scale = IMAGE_SIZE / cells
+    big = im.resize((int(round((cells + 3) * scale)),) * 2, Image.BICUBIC)
+    off = int(round(1.5 * scale))
+    arr = np.asarray(big, dtype=np.float32)[off : off + IMAGE_SIZE, off : off + IMAGE_SIZE]
+    s = arr.std()
+    return (arr - arr.mean()) / (s if s > 1e-6 else 1.0)
+
+
+def _stripes(rng: np.random.Generator, period_lo: float, period_hi: float) -> np.ndarray:
+    """Wavy stripes in [-1, 1] with random period, orientation, wobble and phase."""
+    period = rng.uniform(period_lo, period_hi)
+    theta = rng.uniform(0, np.pi)
+    u = _X * np.cos(theta) + _Y * np.sin(theta)
+    v = -_X * np.sin(theta) + _Y * np.cos(theta)
+    wob_amp = rng.uniform(0.0, 2.5)
+    wob_period = rng.uniform(16, 48)
+    phase = rng.uniform(0, 2 * np.pi)
+    return np.sin(
+        2 * np.pi * u / period + phase + wob_amp * np.sin(2 * np.pi * v / wob_period + rng.uniform(0, 6.3))
+    ).astype(np.float32)
+
+
+def _background(rng: np.random.Generator, color: str) -> np.ndarray:
+    base = np.array(COLORS[color], dtype=np.float32)
+    img = np.broadcast_to(base, (IMAGE_SIZE, IMAGE_SIZE, 3)).copy()
+    # luminance modulation field (additive, in 0..255 units), so black/white get texture too
+    lum = np.zeros((IMAGE_SIZE, IMAGE_SIZE), np.float32)
+    # 1. linear gradient in a random direction
+    theta = rng.uniform(0, 2 * np.pi)
+    grad = ((_X - 32) * np.cos(theta) + (_Y - 32) * np.sin(theta)) / 32.0
+    lum += rng.uniform(6, 22) * grad
+    # 2. clouds: correlation length of one to two tokens (4-8 px)
+    lum += rng.uniform(8, 20) * _cloud_noise(rng, int(rng.integers(8, 15)))
+    # 3. wavy stripes on about half the images
+    if rng.random() < 0.5:
+        lum += rng.uniform(8, 18) * _stripes(rng, 9, 22)
+    img += lum[..., None]
+    # slight per-channel tint cloud, so codes are not pure luminance
+    tint = _cloud_noise(rng, int(rng.integers(4, 9)))
+    img += (rng.uniform(3, 9) * tint)[..., None] * rng.standard_normal(3).astype(np.float32)[None, None]
+    # fine grain
+    img += rng.normal(0, 2.5, size=img.shape).astype(np.float32)
+    return img
+
+
+def _render_object(rng: np.random.Generator, img: np.ndarray, obj: ObjectSpec) -> np.ndarray:
+    cx, cy = obj.center
+    m = shape_mask(obj.shape, cx, cy, obj.radius)
+    base = np.array(COLORS[obj.color], dtype=np.float32)
+    # shading from a random light direction
+    la = rng.uniform(0, 2 * np.pi)
+    shade = ((_X - cx) * np.cos(la) + (_Y - cy) * np.sin(la)) / max(obj.radius, 1.0)
+    lum = rng.uniform(10, 28) * shade
+    # inner stripes on some objects
+    if rng.random() < 0.35:
+        lum += rng.uniform(10, 22) * _stripes(rng, 5, 10)
+    # mottling
+    lum += rng.uniform(3, 9) * _cloud_noise(rng, int(rng.integers(10, 17)))
+    col = base[None, None, :] + lum[..., None]
+    # optional darker/lighter outline
+    if rng.random() < 0.5:
+        inner = shape_mask(obj.shape, cx, cy, max(obj.radius - 1.6, 1.0))
+        edge = np.clip(m - inner, 0, 1)
+        outline = base * (0.45 if base.mean() > 90 else 1.0) + (0 if base.mean() > 90 else 90)
+        col = col * (1 - edge[..., None]) + outline[None, None, :] * edge[..., None]
+    return img * (1 - m[..., None]) + col * m[..., None], m
+
+
+# ----------------------------------------------------------------------------- sampling specs
+
+
+def _sample_spec(rng: np.random.Generator, split: str):
+    """Draw background and objects, rejecting combinations that belong to the other split."""
+    while True:
+        n_obj = 1 if rng.random() < 0.5 else 2
+        bg = COLOR_NAMES[int(rng.integers(len(COLOR_NAMES)))]
+        positions = rng.choice(len(POSITION_NAMES), size=n_obj, replace=False)
+        objs = []
+        ok = True
+        for k in range(n_obj):
+            choices = [c for c in COLOR_NAMES if color_distance(c, bg) >= MIN_CONTRAST]
+            color = choices[int(rng.integers(len(choices)))]
+            shape = SHAPES[int(rng.integers(len(SHAPES)))]
+            size = SIZES[int(rng.integers(len(SIZES)))]
+            pos = POSITION_NAMES[int(positions[k])]
+            if n_obj == 2:
+                # two objects must not overlap much: shrink to at most medium unless far apart
+                a, b = POSITIONS[POSITION_NAMES[int(positions[0])]], POSITIONS[POSITION_NAMES[int(positions[1])]]
+                dist = np.hypot(a[0] - b[0], a[1] - b[1])
+                if dist < 20:
+                    size = "small"
+                elif dist < 24 and size == "large":
+                    size = "medium"
+            lo, hi = SIZE_RADIUS[size]
+            r = float(rng.uniform(lo, hi))
+            px, py = POSITIONS[pos]
+            jit = 2.0
+            cx = float(np.clip(px + rng.uniform(-jit, jit), r + 1, IMAGE_SIZE - r - 1))
+            cy = float(np.clip(py + rng.uniform(-jit, jit), r + 1, IMAGE_SIZE - r - 1))
+            objs.append(ObjectSpec(shape, color, size, pos, (cx, cy), r))
+        held = [(o.color, o.shape) in HELD_OUT_PAIRS for o in objs]
+        if split == "train" and any(held):
+            ok = False
+        if split == "heldout" and not any(held):
+            ok = False
+        if ok:
+            return bg, objs
+
+
+def make_sample(seed: int, index: int, split: str = "train") -> Sample:
+    """The ``index``-th image of ``split`` for ``seed``; a pure function of its arguments."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}")
+    rng = np.random.default_rng([int(seed), SPLITS[split], int(index)])
+    bg, objs = _sample_spec(rng, split)
+    img = _background(rng, bg)
+    masks = []
+    for o in objs:
+        img, m = _render_object(rng, img, o)
+        masks.append(m)
+    img = np.clip(np.rint(img), 0, 255).astype(np.uint8)
+    return Sample(img, make_caption(objs, bg), bg, objs, masks)
+
+
+def generate(n: int, seed: int = 0, split: str = "train", start: int = 0, progress: bool = False):
+    """``n`` samples -> (uint8 images (n, 64, 64, 3), list of captions)."""
+    images = np.empty((n, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
+    captions = []
+    it = range(n)
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(it, desc=f"data/{split}", unit="img", leave=False)
+    for i in it:
+        s = make_sample(seed, start + i, split)
+        images[i] = s.image
+        captions.append(s.caption)
+    return images, captions
+
+
+def contact_sheet(images: np.ndarray, cols: int = 8, scale: int = 2) -> Image.Image:
+    """Tile uint8 images (n, h, w, 3) into one PIL image (for docs and eyeballing)."""
+    n, h, w, _ = images.shape
+    rows = (n + cols - 1) // cols
+    sheet = np.full((rows * (h + 2), cols * (w + 2), 3), 255, np.uint8)
+    for i in range(n):
+        r, c = divmod(i, cols)
+        sheet[r * (h + 2) : r * (h + 2) + h, c * (w + 2) : c * (w + 2) + w] = images[i]
+    im = Image.fromarray(sheet)
+    return im.resize((im.width * scale, im.height * scale), Image.NEAREST) if scale != 1 else im
+
+
+def parse_caption(caption: str) -> tuple[list[dict], str]:
+    """Inverse of ``make_caption``: -> ([{size, color, shape, position}, ...], background).
+
+    Raises ValueError if the caption is not in the demo grammar."""
+    words = caption.lower().split()
+    if len(words) < 4 or words[-1] != "background" or words[-4] != "on":
+        raise ValueError(f"not a demo caption: {caption!r}")
+    background = words[-2]
+    body = " ".join(words[:-4])
+    objects = []
+    for part in body.split(" and "):
+        w = part.split()
+        if not w or w[0] not in ("a", "an"):
+            raise ValueError(f"not a demo caption: {caption!r}")
+        w = w[1:]
+        size = "medium"
+        if w and w[0] in ("small", "large"):
+            size, w = w[0], w[1:]
+        if len(w) < 3 or w[0] not in COLORS or w[1] not in SHAPES:
+            raise ValueError(f"not a demo caption: {caption!r}")
+        pos = " ".join(w[2:])
+        if pos not in POSITIONS:
+            raise ValueError(f"unknown position {pos!r} in {caption!r}")
+        objects.append({"size": size, "color": w[0], "shape": w[1], "position": pos})
+    if background not in COLORS:
+        raise ValueError(f"unknown background colour in {caption!r}")
+    return objects, background

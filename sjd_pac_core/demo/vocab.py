@@ -1,0 +1,155 @@
+"""Word-level vocabulary and token layout of the demo text-to-image model.
+
+Ids: special tokens first (<pad>=0, <bos>=1, <boi>=2, <eol>=3, <eoi>=4, <unk>=5), then the
+caption words, then the image codes as one contiguous block (code c has id image_offset + c).
+
+Sequence layout (mirrors Lumina-mGPT / Emu3 style models):
+
+    <bos> caption words <boi> (16 image codes, <eol>) x 16 <eoi>
+
+The prompt is ``<bos> words <boi>``; the image part is 16 * 17 = 272 tokens, every 17th an
+``<eol>``; the unconditional prompt for classifier-free guidance is ``<bos> <boi>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+SPECIALS = ["<pad>", "<bos>", "<boi>", "<eol>", "<eoi>", "<unk>"]
+PAD, BOS, BOI, EOL, EOI, UNK = range(6)
+VOCAB_FILE = "vocab.json"
+
+
+@dataclass
+class DemoVocab:
+    words: list[str]
+    codebook_size: int = 512
+    grid: int = 16
+    specials: list[str] = field(default_factory=lambda: list(SPECIALS))
+
+    def __post_init__(self):
+        if self.specials != SPECIALS:
+            raise ValueError(f"special tokens must be {SPECIALS}")
+        self._word_id = {w: len(self.specials) + i for i, w in enumerate(self.words)}
+
+    # -- sizes / ids -----------------------------------------------------------------------
+    pad_id, bos_id, boi_id, eol_id, eoi_id, unk_id = PAD, BOS, BOI, EOL, EOI, UNK
+
+    @property
+    def image_offset(self) -> int:
+        return len(self.specials) + len(self.words)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.image_offset + self.codebook_size
+
+    @property
+    def row_length(self) -> int:
+        return self.grid + 1  # codes + <eol>
+
+    @property
+    def num_image_tokens(self) -> int:
+        """Tokens to sample after the prompt: grid rows of (grid codes, <eol>); <eoi> excluded."""
+        return self.grid * self.row_length
+
+    # -- text ------------------------------------------------------------------------------
+    def encode_caption(self, caption: str) -> list[int]:
+        return [self._word_id.get(w, UNK) for w in caption.lower().replace(",", " ").split()]
+
+    def prompt_ids(self, caption: str | None) -> torch.Tensor:
+        """``<bos> words <boi>``; ``None`` or ``""`` gives the unconditional prompt."""
+        words = self.encode_caption(caption) if caption else []
+        return torch.tensor([BOS, *words, BOI], dtype=torch.long)
+
+    def uncond_prompt_ids(self) -> torch.Tensor:
+        return torch.tensor([BOS, BOI], dtype=torch.long)
+
+    def decode_ids(self, ids) -> str:
+        out = []
+        for i in torch.as_tensor(ids).tolist():
+            if i < len(self.specials):
+                out.append(self.specials[i])
+            elif i < self.image_offset:
+                out.append(self.words[i - len(self.specials)])
+            else:
+                out.append(f"<img{i - self.image_offset}>")
+        return " ".join(out)
+
+    # -- image tokens ----------------------------------------------------------------------
+    def image_ids(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes (..., grid, grid) -> ids (..., grid * (grid + 1)) with an <eol> after each row."""
+        codes = torch.as_tensor(codes).long()
+        lead = codes.shape[:-2]
+        ids = codes + self.image_offset
+        eol = torch.full((*lead, self.grid, 1), EOL, dtype=torch.long)
+        return torch.cat([ids, eol], dim=-1).reshape(*lead, self.num_image_tokens)
+
+    def codes_from_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (..., 272) -> codes (..., grid, grid); raises if the layout is broken."""
+        ids = torch.as_tensor(ids).long()
+        lead = ids.shape[:-1]
+        rows = ids.reshape(*lead, self.grid, self.row_length)
+        if not bool((rows[..., -1] == EOL).all()):
+            raise ValueError("image tokens do not end every row with <eol>")
+        codes = rows[..., :-1] - self.image_offset
+        if bool((codes < 0).any()) or bool((codes >= self.codebook_size).any()):
+            raise ValueError("image tokens contain non-image ids at code positions")
+        return codes
+
+    def allowed_tokens(self) -> torch.Tensor:
+        """bool [num_image_tokens, vocab]: code positions allow exactly the image codes,
+        every 17th position allows only <eol>."""
+        m = torch.zeros(self.num_image_tokens, self.vocab_size, dtype=torch.bool)
+        eol_pos = self.eol_positions()
+        free = torch.ones(self.num_image_tokens, dtype=torch.bool)
+        free[eol_pos] = False
+        m[free, self.image_offset :] = True
+        m[eol_pos, EOL] = True
+        return m
+
+    def eol_positions(self) -> torch.Tensor:
+        return torch.arange(self.grid, dtype=torch.long) * self.row_length + self.grid
+
+    def forced_tokens(self) -> torch.Tensor:
+        """long [num_image_tokens]: <eol> at every row end, -1 elsewhere."""
+        f = torch.full((self.num_image_tokens,), -1, dtype=torch.long)
+        f[self.eol_positions()] = EOL
+        return f
+
+    def image_token_mask(self) -> torch.Tensor:
+        """bool [vocab]: True for image-code ids."""
+        m = torch.zeros(self.vocab_size, dtype=torch.bool)
+        m[self.image_offset :] = True
+        return m
+
+    # -- persistence -----------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "specials": self.specials,
+            "words": self.words,
+            "image_offset": self.image_offset,
+            "codebook_size": self.codebook_size,
+            "grid": self.grid,
+            "vocab_size": self.vocab_size,
+            "layout": "<bos> caption <boi> (grid codes, <eol>) x grid <eoi>",
+            "uncond_prompt": ["<bos>", "<boi>"],
+        }
+
+    def save(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, VOCAB_FILE), "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+
+    @classmethod
+    def load(cls, path: str) -> "DemoVocab":
+        p = path if path.endswith(".json") else os.path.join(path, VOCAB_FILE)
+        with open(p) as f:
+            d = json.load(f)
+        v = cls(words=d["words"], codebook_size=d["codebook_size"], grid=d["grid"], specials=d["specials"])
+        if v.image_offset != d["image_offset"]:
+            raise ValueError("vocab.json image_offset does not match its word list")
+        return v

@@ -1,0 +1,120 @@
+"""The procedural demo data: deterministic, captions describe the pixels, held-out split disjoint."""
+
+import numpy as np
+import pytest
+
+from sjd_pac_core.demo import data as D
+
+PALETTE = np.array([D.COLORS[c] for c in D.COLOR_NAMES], dtype=np.float64)
+
+
+def nearest_color(pixels: np.ndarray) -> np.ndarray:
+    """(..., 3) uint8 -> (...,) index into COLOR_NAMES."""
+    d = ((pixels[..., None, :].astype(np.float64) - PALETTE) ** 2).sum(-1)
+    return d.argmin(-1)
+
+
+def test_deterministic():
+    a = D.make_sample(3, 17)
+    b = D.make_sample(3, 17)
+    assert a.caption == b.caption
+    assert np.array_equal(a.image, b.image)
+    c = D.make_sample(3, 18)
+    assert not np.array_equal(a.image, c.image)
+    d = D.make_sample(4, 17)
+    assert not np.array_equal(a.image, d.image)
+    ims, caps = D.generate(3, seed=3, start=16)
+    assert caps[1] == a.caption and np.array_equal(ims[1], a.image)
+    assert ims.shape == (3, 64, 64, 3) and ims.dtype == np.uint8
+
+
+def test_captions_parse_and_use_known_words():
+    words = set(D.CAPTION_WORDS)
+    n_two = 0
+    for i in range(60):
+        s = D.make_sample(0, i)
+        assert set(s.caption.split()) <= words, s.caption
+        objs, bg = D.parse_caption(s.caption)
+        assert bg == s.background
+        assert [(o["color"], o["shape"], o["size"], o["position"]) for o in objs] == [
+            (o.color, o.shape, o.size, o.position) for o in s.objects
+        ]
+        n_two += len(objs) == 2
+    assert 10 <= n_two <= 50  # both one- and two-object images occur
+
+
+def test_background_colour_matches_pixels():
+    for i in range(40):
+        s = D.make_sample(1, i)
+        border = np.concatenate([s.image[0], s.image[-1], s.image[:, 0], s.image[:, -1]])
+        votes = np.bincount(nearest_color(border), minlength=len(D.COLOR_NAMES))
+        assert D.COLOR_NAMES[int(votes.argmax())] == s.background, s.caption
+
+
+def test_object_colour_and_position_match_pixels():
+    checked = 0
+    for i in range(60):
+        s = D.make_sample(2, i)
+        objs, bg = D.parse_caption(s.caption)
+        if len({o["color"] for o in objs}) != len(objs):
+            continue  # two objects of one colour: the pixel test below cannot tell them apart
+        cls = nearest_color(s.image)
+        ys, xs = np.mgrid[0:64, 0:64]
+        for o in objs:
+            sel = cls == D.COLOR_NAMES.index(o["color"])
+            # a few background pixels may drift to the object's colour class; keep the big blob
+            px, py = D.POSITIONS[o["position"]]
+            near = sel & (np.abs(xs + 0.5 - px) <= 14) & (np.abs(ys + 0.5 - py) <= 14)
+            assert near.sum() >= 20, (s.caption, o, near.sum())
+            cx, cy = xs[near].mean() + 0.5, ys[near].mean() + 0.5
+            # the blob's centroid is in the named ninth of the image
+            assert abs(cx - px) <= 6 and abs(cy - py) <= 6, (s.caption, o, cx, cy)
+            # and the object's pixels are mostly its named colour
+            inside = s.masks[[ob.position for ob in s.objects].index(o["position"])] > 0.95
+            frac = (cls[inside] == D.COLOR_NAMES.index(o["color"])).mean()
+            assert frac > 0.4, (s.caption, o, frac)  # outlines and shading take the rest
+            checked += 1
+    assert checked >= 45
+
+
+def test_sizes_match_pixels():
+    area = {}
+    for i in range(80):
+        s = D.make_sample(5, i)
+        for o, m in zip(s.objects, s.masks):
+            area.setdefault(o.shape, {"small": [], "medium": [], "large": []})[o.size].append(m.sum())
+    for shape, a in area.items():
+        assert all(a.values()), shape
+        assert max(a["small"]) < min(a["medium"]) and max(a["medium"]) < min(a["large"]), shape
+
+
+def test_heldout_split_disjoint():
+    train_pairs, held_caps, train_caps = set(), set(), set()
+    for i in range(200):
+        s = D.make_sample(0, i, "train")
+        train_caps.add(s.caption)
+        for o in s.objects:
+            train_pairs.add((o.color, o.shape))
+    assert not (train_pairs & D.HELD_OUT_PAIRS)
+    for i in range(60):
+        s = D.make_sample(0, i, "heldout")
+        held_caps.add(s.caption)
+        assert any((o.color, o.shape) in D.HELD_OUT_PAIRS for o in s.objects)
+    assert not (held_caps & train_caps)
+    # the held-out pairs are rare combinations, not missing words: every colour and shape is trained
+    assert {c for c, _ in train_pairs} == set(D.COLOR_NAMES)
+    assert {s for _, s in train_pairs} == set(D.SHAPES)
+
+
+def test_objects_contrast_with_background():
+    for i in range(50):
+        s = D.make_sample(7, i)
+        for o in s.objects:
+            assert D.color_distance(o.color, s.background) >= D.MIN_CONTRAST
+
+
+def test_bad_split_and_caption_raise():
+    with pytest.raises(ValueError):
+        D.make_sample(0, 0, "test")
+    with pytest.raises(ValueError):
+        D.parse_caption("a purple elephant on the moon")

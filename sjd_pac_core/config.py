@@ -1,0 +1,108 @@
+"""SamplerConfig: every knob of the sampler, validated once, with errors that name the fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal, Optional
+
+Method = Literal["ar", "sjd", "sjd_pac"]
+VerifyRule = Literal["rejection", "gumbel"]
+InitProposal = Literal["nearest", "uniform"]
+
+METHODS = ("ar", "sjd", "sjd_pac")
+VERIFY_RULES = ("rejection", "gumbel")
+INIT_PROPOSALS = ("nearest", "uniform")
+
+
+class ConfigError(ValueError):
+    """A setting is out of range; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """How to sample image tokens.
+
+    method: "ar" (one token per forward pass), "sjd" (Speculative Jacobi Decoding) or
+        "sjd_pac" (SJD with Adaptive Continuation and Proactive Drafting). All three are lossless.
+    window: L, the number of draft tokens verified per forward pass (sjd, sjd_pac).
+    tree_depth, tree_width: D and K of Proactive Drafting; the tree branches at the D-1
+        positions after a rejection, with at most K candidates each.
+    adaptive_continuation, proactive_drafting: switch AC and PD separately (sjd_pac only), so
+        the paper's ablation SJD / +PD / +AC / +PD+AC is one flag each.
+    verify: "rejection" (speculative rejection sampling, exact in distribution) or "gumbel"
+        (seed-exact: every method gives the same tokens as plain AR for the same seed).
+    init_proposal: how positions new to the window are drafted: "nearest" (the stale
+        distribution of the furthest position the last pass computed) or "uniform".
+    cfg_scale, temperature, top_k, top_p: the sampling recipe, applied identically by every
+        method (classifier-free guidance needs an unconditional prompt).
+    """
+
+    method: Method = "sjd_pac"
+    window: int = 64
+    tree_depth: int = 3
+    tree_width: int = 4
+    adaptive_continuation: bool = True
+    proactive_drafting: bool = True
+    verify: VerifyRule = "rejection"
+    init_proposal: InitProposal = "nearest"
+    cfg_scale: float = 1.0
+    temperature: float = 1.0
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"Unknown method {self.method!r}; choose one of {', '.join(METHODS)}.")
+        if self.verify not in VERIFY_RULES:
+            raise ConfigError(f"Unknown verify rule {self.verify!r}; choose 'rejection' or 'gumbel'.")
+        if self.init_proposal not in INIT_PROPOSALS:
+            raise ConfigError(
+                f"Unknown init_proposal {self.init_proposal!r}; choose 'nearest' or 'uniform'."
+            )
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ConfigError(f"window (L) must be an integer >= 1, got {self.window!r}; try 32 or 64.")
+        if not isinstance(self.tree_depth, int) or self.tree_depth < 1:
+            raise ConfigError(
+                f"tree_depth (D) must be an integer >= 1, got {self.tree_depth!r}; the paper uses 3."
+            )
+        if not isinstance(self.tree_width, int) or self.tree_width < 1:
+            raise ConfigError(
+                f"tree_width (K) must be an integer >= 1, got {self.tree_width!r}; the paper uses 4."
+            )
+        if self.temperature is None or not self.temperature > 0:
+            raise ConfigError(
+                f"temperature must be > 0, got {self.temperature!r}; use 1.0 for the model's own "
+                "distribution (for a reproducible picture use verify='gumbel' instead of temperature 0)."
+            )
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ConfigError(f"top_k must be None or an integer >= 1, got {self.top_k!r}.")
+        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
+            raise ConfigError(f"top_p must be None or in (0, 1], got {self.top_p!r}.")
+        if self.cfg_scale is None or self.cfg_scale < 0:
+            raise ConfigError(f"cfg_scale must be >= 0, got {self.cfg_scale!r}; 1.0 disables guidance.")
+
+    # Derived switches: the loop reads these, never the raw method string.
+    @property
+    def window_size(self) -> int:
+        """Draft tokens per pass; plain AR is SJD with an empty window."""
+        return 0 if self.method == "ar" else self.window
+
+    @property
+    def use_ac(self) -> bool:
+        return self.method == "sjd_pac" and self.adaptive_continuation
+
+    @property
+    def use_pd(self) -> bool:
+        return self.method == "sjd_pac" and self.proactive_drafting and self.tree_depth > 1
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg_scale != 1.0
+
+    def with_(self, **changes) -> "SamplerConfig":
+        """A validated copy with some fields changed."""
+        return replace(self, **changes)
+

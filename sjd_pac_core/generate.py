@@ -1,0 +1,69 @@
+"""generate_image: prompt -> images, the one entry point of the CLI, nodes, app and benchmark."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+from PIL import Image
+
+from .config import SamplerConfig
+from .engine.loop import Callback, sample_tokens
+from .engine.stats import RunStats
+from .models.image_model import ARImageModel, PromptEncoding
+
+
+@dataclass
+class ImageResult:
+    images: List[Image.Image]
+    tokens: torch.Tensor  # long [num_tokens] for one image, [B, num_tokens] for a batch
+    stats: RunStats  # the first image's statistics (all of them in `all_stats`)
+    all_stats: List[RunStats]
+    encoding: PromptEncoding
+    config: SamplerConfig
+    seed: int
+
+
+def generate_image(
+    model: ARImageModel,
+    prompt: str,
+    config: Optional[SamplerConfig] = None,
+    seed: int = 0,
+    negative_prompt: str = "",
+    resolution: Optional[str] = None,
+    callback: Optional[Callback] = None,
+    batch_size: int = 1,
+) -> ImageResult:
+    """Generate `batch_size` images (seeds seed, seed+1, ...) for one prompt.
+
+    config: None takes the family's recommended settings (model.defaults).
+    callback: called after every forward pass with a Progress (see sample_tokens); raise
+        GenerationCancelled in it to stop.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+    config = config or model.defaults.sampler_config()
+    encoding = model.encode_prompt(prompt, negative_prompt, resolution)
+    for message in encoding.warnings:
+        warnings.warn(message, stacklevel=2)
+    tokens, all_stats = [], []
+    for i in range(batch_size):  # images run one after another: each has its own accept lengths
+        out = sample_tokens(
+            model, encoding.prompt_ids, encoding.layout.num_tokens, config=config, seed=seed + i,
+            uncond_prompt_ids=encoding.uncond_ids, allowed_tokens=encoding.constraints, callback=callback,
+        )
+        tokens.append(out.tokens)
+        all_stats.append(out.stats)
+    stacked = torch.stack(tokens)
+    images = model.decode(stacked, encoding.resolution)
+    return ImageResult(
+        images=images,
+        tokens=stacked[0] if batch_size == 1 else stacked,
+        stats=all_stats[0],
+        all_stats=all_stats,
+        encoding=encoding,
+        config=config,
+        seed=seed,
+    )

@@ -1,0 +1,56 @@
+"""The one small interface between the sampler and a model.
+
+The sampling loop needs only this: open a session over a prompt (one row, or two for CFG),
+get the logits for the first image token, run a forward pass over a tree of nodes on top of the
+cache, and keep the cache entries of the nodes that were committed. Token ids here are in the
+sampler's token space (an adapter may map them to a subset of the model's vocabulary, e.g. the
+image codes plus end-of-line, which is exact because nothing else is allowed there).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+import torch
+
+
+class DecoderSession(ABC):
+    """One generation's model state: the KV cache over the prompt and the committed tokens."""
+
+    @abstractmethod
+    def prefill(self) -> torch.Tensor:
+        """Run the prompt; return logits [B, V] for the first image token."""
+
+    @abstractmethod
+    def forward(
+        self, tokens: torch.Tensor, depths: torch.Tensor, attend: torch.Tensor
+    ) -> torch.Tensor:
+        """One pass over S new nodes on top of the cache.
+
+        tokens: long [S] (the same for every row); depths: long [S], the node's offset from the
+        first node (its position id is the row's next position plus depth); attend: bool [S, S],
+        node i sees node j. Returns logits [B, S, V]. The cache grows by S entries.
+        """
+
+    @abstractmethod
+    def keep(self, nodes: Sequence[int]) -> None:
+        """Keep the cache entries of these nodes of the last pass (in order), drop the others."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free the cache. Called on every exit path, interrupts included."""
+
+
+class TokenModel(ABC):
+    """What the sampler needs from a model family."""
+
+    vocab_size: int  # size of the sampler's token space (the logits' last axis)
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    @abstractmethod
+    def open_session(self, prompts: Sequence[torch.Tensor]) -> DecoderSession:
+        """A session over one prompt (or two: conditional, unconditional for CFG)."""

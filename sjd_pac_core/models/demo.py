@@ -1,0 +1,99 @@
+"""The bundled demo model as an ARImageModel (a small Llama + our VQ; see sjd_pac_core/demo)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..demo.model import DemoModel, load_demo
+from ..demo.vocab import EOL, VOCAB_FILE
+from ..demo.vq import VQ_CONFIG
+from .causal_lm import CausalLMAdapter
+from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
+
+
+class DemoImageModel(ARImageModel):
+    family = "demo"
+    # Measured on the shipped weights (README, "Demo model"): CFG 3 keeps colours and shapes on
+    # the caption; temperature 1 keeps the model's own diversity.
+    defaults = FamilyDefaults(resolutions=("64x64",), cfg_scale=3.0, temperature=1.0, window=32)
+
+    def __init__(self, demo: DemoModel) -> None:
+        self.demo = demo
+        self.vocab = demo.vocab
+        self.token_model = CausalLMAdapter(demo.model)
+        grid = self.vocab.grid
+        self.layout = ImageLayout(rows=grid, cols=grid, row_end=EOL)
+        image_ids = torch.arange(self.vocab.image_offset, self.vocab.vocab_size)
+        self.constraints = self.layout.constraints(self.vocab.vocab_size, image_ids)
+
+    @classmethod
+    def matches(cls, folder: Path, config: dict) -> bool:
+        return (
+            config.get("model_type") == "llama"
+            and (folder / VOCAB_FILE).is_file()
+            and (folder / VQ_CONFIG).is_file()
+        )
+
+    @classmethod
+    def load(cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device) -> "DemoImageModel":
+        demo = load_demo(str(folder), dtype=dtype)
+        demo.model.to(device)
+        demo.vq.to(device)
+        return cls(demo)
+
+    def encode_prompt(self, prompt: str, negative_prompt: str = "", resolution: Optional[str] = None) -> PromptEncoding:
+        resolution = self.check_resolution(resolution)
+        words = prompt.lower().replace(",", " ").split()
+        known = [w for w in words if w in self.vocab.words]
+        unknown = sorted(set(words) - set(known))
+        warnings: List[str] = []
+        if unknown:
+            warnings.append(
+                f"The demo model does not know the words {', '.join(unknown)}; generating from the "
+                "rest of the prompt."
+            )
+        if not known:
+            warnings.append("The prompt is empty for the demo model; generating unconditionally.")
+        if negative_prompt.strip():
+            warnings.append("The demo model ignores negative prompts; guidance uses the empty prompt.")
+        return PromptEncoding(
+            prompt_ids=self.vocab.prompt_ids(" ".join(known)),
+            uncond_ids=self.vocab.uncond_prompt_ids(),
+            layout=self.layout,
+            constraints=self.constraints,
+            resolution=resolution,
+            warnings=warnings,
+        )
+
+    def _codes(self, grid_ids: torch.Tensor) -> torch.Tensor:
+        return (grid_ids - self.vocab.image_offset).clamp(0, self.vocab.codebook_size - 1)
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
+        tokens = tokens.reshape(-1, self.layout.num_tokens)
+        codes = self._codes(self.layout.grid(tokens.cpu())).to(self.device)
+        arrays = self.demo.vq.decode_to_uint8(codes)
+        return [Image.fromarray(a) for a in arrays]
+
+    @torch.inference_mode()
+    def preview(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> Optional[Image.Image]:
+        """The image so far; cells not sampled yet are shown dimmed."""
+        grid = self.layout.partial_grid(tokens, filler=self.vocab.image_offset)
+        arr = self.demo.vq.decode_to_uint8(self._codes(grid).unsqueeze(0).to(self.device))[0]
+        done = np.zeros((self.layout.rows, self.layout.cols), dtype=bool).reshape(-1)
+        n = min(int(tokens.shape[-1]), self.layout.num_tokens)
+        n_codes = (n // self.layout.row_length) * self.layout.cols + min(n % self.layout.row_length, self.layout.cols)
+        done[:n_codes] = True
+        scale = arr.shape[0] // self.layout.rows
+        mask = np.kron(done.reshape(self.layout.rows, self.layout.cols), np.ones((scale, scale), dtype=bool))
+        arr = np.where(mask[..., None], arr, (arr * 0.25).astype(np.uint8))
+        return Image.fromarray(arr)
+
+    def unload(self) -> None:
+        self.demo.model.to("cpu")
+        self.demo.vq.to("cpu")

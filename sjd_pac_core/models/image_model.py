@@ -1,0 +1,152 @@
+"""ARImageModel: one loaded text-to-image family (tokenizer, token layout, sampler adapter, decoder).
+
+Every family (the bundled demo model, Lumina-mGPT, Emu3, Janus-Pro) is one subclass, returned by
+`load_model`. The sampler only sees `token_model`; the nodes, the app, the CLI and the benchmark
+only see this class and `generate_image`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from PIL import Image
+
+from ..config import ConfigError, SamplerConfig
+from ..sampling.recipe import TokenConstraints
+from .base import TokenModel
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """The image part of the sequence: rows of codes, each optionally closed by a forced token.
+
+    Token ids are in the sampler's token space. Layout: for each row, `cols` free image tokens,
+    then `row_end` if given; after the last row, the `tail` tokens (forced as well).
+    """
+
+    rows: int
+    cols: int
+    row_end: Optional[int] = None  # end-of-line token id, or None
+    tail: Tuple[int, ...] = ()  # forced tokens after the grid (end-of-image, ...)
+
+    @property
+    def row_length(self) -> int:
+        return self.cols + (1 if self.row_end is not None else 0)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.rows * self.row_length + len(self.tail)
+
+    def forced_tokens(self) -> torch.Tensor:
+        """long [num_tokens]: the forced token at each position, -1 where free."""
+        forced = torch.full((self.num_tokens,), -1, dtype=torch.long)
+        if self.row_end is not None:
+            forced[self.cols : self.rows * self.row_length : self.row_length] = self.row_end
+        if self.tail:
+            forced[self.rows * self.row_length :] = torch.tensor(self.tail)
+        return forced
+
+    def constraints(self, vocab_size: int, image_tokens: torch.Tensor) -> TokenConstraints:
+        """Free positions may take only `image_tokens` (ids or a bool mask); the rest are forced."""
+        if image_tokens.dtype == torch.bool:
+            allowed = image_tokens
+        else:
+            allowed = torch.zeros(vocab_size, dtype=torch.bool)
+            allowed[image_tokens] = True
+        return TokenConstraints(vocab_size, self.num_tokens, allowed=allowed, forced=self.forced_tokens())
+
+    def grid(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[..., num_tokens] -> [..., rows, cols]: the image codes without the forced tokens."""
+        body = tokens[..., : self.rows * self.row_length]
+        body = body.reshape(*tokens.shape[:-1], self.rows, self.row_length)
+        return body[..., : self.cols]
+
+    def partial_grid(self, tokens: torch.Tensor, filler: int) -> torch.Tensor:
+        """The grid of a partially sampled image, unsampled cells set to `filler`."""
+        full = torch.full((self.num_tokens,), filler, dtype=torch.long)
+        n = min(int(tokens.shape[-1]), self.num_tokens)
+        full[:n] = tokens[:n].cpu()
+        return self.grid(full)
+
+
+@dataclass(frozen=True)
+class FamilyDefaults:
+    """A family's recommended settings (from its reference code) and resolution choices."""
+
+    resolutions: Tuple[str, ...]  # e.g. ("768x768", "512x512"); the first is the default
+    cfg_scale: float = 1.0
+    temperature: float = 1.0
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    window: int = 64
+    tree_depth: int = 3
+    tree_width: int = 4
+
+    @property
+    def resolution(self) -> str:
+        return self.resolutions[0]
+
+    def sampler_config(self, **overrides) -> SamplerConfig:
+        values = dict(
+            cfg_scale=self.cfg_scale, temperature=self.temperature, top_k=self.top_k,
+            top_p=self.top_p, window=self.window, tree_depth=self.tree_depth, tree_width=self.tree_width,
+        )
+        values.update(overrides)
+        return SamplerConfig(**values)
+
+
+@dataclass
+class PromptEncoding:
+    """What the sampler needs for one prompt at one resolution."""
+
+    prompt_ids: torch.Tensor  # long [T], model vocabulary ids
+    uncond_ids: Optional[torch.Tensor]  # long [T'], for classifier-free guidance
+    layout: ImageLayout
+    constraints: TokenConstraints
+    resolution: str
+    warnings: List[str] = field(default_factory=list)
+
+
+class ARImageModel(ABC):
+    """A loaded AR text-to-image model of one family."""
+
+    family: str = "base"
+    name: str = ""
+    defaults: FamilyDefaults
+    token_model: TokenModel
+
+    @property
+    def device(self) -> torch.device:
+        return self.token_model.device
+
+    def check_resolution(self, resolution: Optional[str]) -> str:
+        """The resolution to use; one sentence naming the choices if it is not supported."""
+        resolution = resolution or self.defaults.resolution
+        if isinstance(resolution, int):
+            resolution = f"{resolution}x{resolution}"
+        if resolution not in self.defaults.resolutions:
+            raise ConfigError(
+                f"{self.family} does not support resolution {resolution}; choose one of "
+                f"{', '.join(self.defaults.resolutions)}."
+            )
+        return resolution
+
+    @abstractmethod
+    def encode_prompt(
+        self, prompt: str, negative_prompt: str = "", resolution: Optional[str] = None
+    ) -> PromptEncoding:
+        """Prompt text -> ids, unconditional ids, token layout and constraints."""
+
+    @abstractmethod
+    def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
+        """Image tokens [num_tokens] or [B, num_tokens] (sampler token space) -> PIL images."""
+
+    def preview(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> Optional[Image.Image]:
+        """A picture of a partially sampled image; families override with something cheaper."""
+        return None
+
+    def unload(self) -> None:
+        """Release weights (ComfyUI's free-memory hook calls this)."""

@@ -1,0 +1,170 @@
+"""load_model: a local folder (or "demo") -> an ARImageModel of the right family.
+
+Detection reads only small files (config.json, file names); every check that can fail runs
+before any weights are read or any GPU memory is allocated, and each failure is one sentence
+that says what is wrong and what to download or change.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple, Union
+
+import torch
+
+from .image_model import ARImageModel
+
+
+class ModelLoadError(ValueError):
+    """The folder is not a checkpoint we can load; the message names the fix."""
+
+
+DEMO_NAME = "demo"
+DEMO_FOLDER = Path(__file__).resolve().parent.parent / "demo" / "weights"
+
+# family name -> "module:Class". Each class offers `matches(folder, config) -> bool` and
+# `load(folder, config, dtype, device) -> ARImageModel`. A new family is one line here.
+FAMILIES: Dict[str, str] = {
+    "demo": "sjd_pac_core.models.demo:DemoImageModel",
+    "lumina_mgpt": "sjd_pac_core.models.lumina_mgpt:LuminaMGPTImageModel",
+    "emu3": "sjd_pac_core.models.emu3:Emu3ImageModel",
+    "janus": "sjd_pac_core.models.janus:JanusImageModel",
+}
+
+
+def _family_class(spec: str):
+    module, cls = spec.split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def resolve_device(device: Union[str, torch.device] = "auto") -> torch.device:
+    """"auto" -> cuda, else mps, else cpu; an explicit device that is not there is an error."""
+    name = str(device)
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(
+            "CUDA was asked for but this PyTorch has no CUDA device; use device='cpu' or 'auto', "
+            "or install a CUDA build of PyTorch."
+        )
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ModelLoadError("MPS was asked for but is not available here; use device='cpu' or 'auto'.")
+    return torch.device(name)
+
+
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
+           "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: Union[str, torch.dtype], device: torch.device) -> torch.dtype:
+    """"auto" -> bf16 on a GPU that supports it, fp16 on other GPUs, fp32 on the CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device.type == "mps":
+            return torch.float16
+        return torch.float32
+    if dtype not in _DTYPES:
+        raise ModelLoadError(f"Unknown dtype {dtype!r}; choose auto, bf16, fp16 or fp32.")
+    return _DTYPES[dtype]
+
+
+def check_safetensors(path: Path) -> None:
+    """Raise ModelLoadError if a .safetensors file is truncated or not a safetensors file."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            if header_len <= 0 or 8 + header_len > size:
+                raise ValueError("header longer than the file")
+            header = json.loads(f.read(header_len))
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(
+            f"{path} is not a readable safetensors file ({exc}); download it again."
+        ) from None
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + header_len + end > size:
+        raise ModelLoadError(
+            f"{path} is truncated ({size:,} of {8 + header_len + end:,} bytes); download it again."
+        )
+
+
+def check_weight_files(folder: Path) -> None:
+    for path in sorted(folder.glob("*.safetensors")):
+        check_safetensors(path)
+
+
+def read_config(folder: Path) -> dict:
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(
+            f"{folder} has no config.json, so it is not a Hugging Face model folder; point to the "
+            "folder that holds config.json and the *.safetensors weights."
+        )
+    try:
+        return json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{config_path} is not valid JSON ({exc}); download it again.") from None
+
+
+def resolve_folder(path: Union[str, os.PathLike]) -> Path:
+    if str(path) == DEMO_NAME:
+        if not (DEMO_FOLDER / "config.json").is_file():
+            raise ModelLoadError(
+                f"The bundled demo model is missing from {DEMO_FOLDER}; rebuild it with "
+                "`python -m sjd_pac_core.demo.train`."
+            )
+        return DEMO_FOLDER
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise ModelLoadError(f"Model folder {folder} does not exist; check the path (or use 'demo').")
+    if not folder.is_dir():
+        raise ModelLoadError(f"{folder} is a file, not a model folder; pass the folder that holds config.json.")
+    return folder
+
+
+def detect_family(folder: Path, config: dict) -> str:
+    for name, spec in FAMILIES.items():
+        if _family_class(spec).matches(folder, config):
+            return name
+    model_type = config.get("model_type", "<none>")
+    raise ModelLoadError(
+        f"{folder} holds a '{model_type}' model, which sjd-pac does not support; supported are "
+        "Lumina-mGPT (chameleon), Emu3 (emu3), Janus-Pro (janus) and the bundled demo model."
+    )
+
+
+
+def load_model(
+    path: Union[str, os.PathLike] = DEMO_NAME,
+    dtype: Union[str, torch.dtype] = "auto",
+    device: Union[str, torch.device] = "auto",
+) -> ARImageModel:
+    """Load the bundled demo model ("demo") or a local checkpoint folder of a supported family."""
+    folder = resolve_folder(path)
+    config = read_config(folder)
+    family = detect_family(folder, config)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    check_weight_files(folder)
+    model = _family_class(FAMILIES[family]).load(folder, config, torch_dtype, dev)
+    model.name = model.name or (DEMO_NAME if folder == DEMO_FOLDER else folder.name)
+    return model
+
+
+def list_model_folders(root: Union[str, os.PathLike]) -> List[Path]:
+    """Sub-folders of root that look like checkpoints (hold a config.json)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and (p / "config.json").is_file())

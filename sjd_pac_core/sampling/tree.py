@@ -1,0 +1,126 @@
+"""Tree layout for one forward pass: which node sees which, at what position (spec section 4).
+
+A pass feeds: the root (the last committed token), then the Proactive Drafting levels (level d
+holds widths[0] * ... * widths[d-1] nodes, every node of level d-1 having the same widths[d-1]
+candidates as children), then a chain of drafts hanging off the main branch (the path of first
+candidates). With no levels this is the plain SJD window: root + chain.
+
+Node order: root = 0; level d occupies a contiguous block, and the child k of the node with
+local index l at level d-1 has local index l * widths[d-1] + k. Local index 0 at every level is
+the main branch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Tuple
+
+import torch
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    widths: Tuple[int, ...]  # candidates per level
+    chain_len: int  # drafts after the tree, on the main branch
+    parents: torch.Tensor  # long [S]; -1 for the root
+    depths: torch.Tensor  # long [S]; root 0
+    level_offsets: Tuple[int, ...]  # first node of each level 0..len(widths) (level 0 = root)
+    candidate_index: torch.Tensor  # long [S]: which candidate of its level a node is (0 elsewhere)
+    main_path: torch.Tensor  # long [len(widths) + chain_len + 1]: main-branch node at each depth
+    attend: torch.Tensor  # bool [S, S]: node i may attend to node j (j is i or an ancestor)
+    main_nodes: Tuple[int, ...]  # main_path as plain ints, for host-side bookkeeping
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.parents.shape[0])
+
+    @property
+    def levels(self) -> int:
+        return len(self.widths)
+
+    def level_nodes(self, level: int) -> range:
+        """Global indices of the nodes at `level` (0 = the root)."""
+        size = 1
+        for width in self.widths[:level]:
+            size *= width
+        start = self.level_offsets[level]
+        return range(start, start + size)
+
+    def ancestors_path(self, node: int) -> list:
+        """Nodes from the root's first child down to `node` (root excluded)."""
+        path = []
+        parents = self.parents.tolist()
+        while node > 0:
+            path.append(node)
+            node = parents[node]
+        return path[::-1]
+
+
+@lru_cache(maxsize=256)
+def build_tree_layout(widths: Tuple[int, ...], chain_len: int) -> TreeLayout:
+    parents = [-1]
+    depths = [0]
+    cand = [0]
+    offsets = [0]
+    prev_level = [0]
+    for d, k in enumerate(widths, start=1):
+        offsets.append(len(parents))
+        level = []
+        for parent in prev_level:
+            for c in range(k):
+                level.append(len(parents))
+                parents.append(parent)
+                depths.append(d)
+                cand.append(c)
+        prev_level = level
+    main_path = [0] + [offsets[d] for d in range(1, len(widths) + 1)]
+    last = main_path[-1]
+    for c in range(chain_len):
+        parents.append(last)
+        depths.append(depths[last] + 1)
+        cand.append(0)
+        last = len(parents) - 1
+        main_path.append(last)
+
+    n = len(parents)
+    attend = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):  # built once per shape and cached; never on the hot path
+        j = i
+        while j >= 0:
+            attend[i, j] = True
+            j = parents[j]
+    return TreeLayout(
+        widths=tuple(widths),
+        chain_len=chain_len,
+        parents=torch.tensor(parents, dtype=torch.long),
+        depths=torch.tensor(depths, dtype=torch.long),
+        level_offsets=tuple(offsets),
+        candidate_index=torch.tensor(cand, dtype=torch.long),
+        main_path=torch.tensor(main_path, dtype=torch.long),
+        attend=attend,
+        main_nodes=tuple(main_path),
+    )
+
+
+def tree_attention_mask(
+    attend: torch.Tensor, key_valid: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Additive 4D mask [B, 1, S, past + S] for a tree pass over a KV cache.
+
+    attend: bool [S, S] among the new nodes; key_valid: bool [B, past] (False for left padding).
+    Additive float (0 / dtype min) works with eager and sdpa attention alike; a bool mask is
+    silently wrong with eager attention.
+    """
+    b, s = key_valid.shape[0], attend.shape[0]
+    past = key_valid.unsqueeze(1).expand(b, s, -1)
+    new = attend.to(key_valid.device).unsqueeze(0).expand(b, -1, -1)
+    allowed = torch.cat([past, new], dim=-1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=key_valid.device)
+    mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask.unsqueeze(1)
+
+
+def tree_position_ids(depths: torch.Tensor, root_positions: torch.Tensor) -> torch.Tensor:
+    """Position ids [B, S]: each row's root position plus the node's depth."""
+    return root_positions.unsqueeze(-1) + depths.to(root_positions.device).unsqueeze(0)

@@ -1,0 +1,144 @@
+"""Verification maths (spec sections 2-4), as small pure functions on tensors.
+
+Notation as in the paper: p is the target (the model's processed distribution in the right
+context), q is the distribution a draft token was really drawn from.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+# Residual mass below this is rounding noise: p and q are equal, so a rejection could only come
+# from float error and the residual is p itself.
+_RESIDUAL_EPS = 1e-12
+
+
+def accept_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x) / q(x)) for a draft x drawn from q (q(x) > 0)."""
+    return torch.clamp(p_x / q_x, max=1.0)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """normalize(max(p - q, 0)) over the last axis: what to draw from after a rejection."""
+    diff = torch.clamp(p - q, min=0.0)
+    mass = diff.sum(-1, keepdim=True)
+    return torch.where(mass > _RESIDUAL_EPS, diff / mass.clamp(min=_RESIDUAL_EPS), p)
+
+
+def speculative_accept(
+    p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, uniforms: torch.Tensor
+) -> torch.Tensor:
+    """Bool [M]: accept draft tokens[j] ~ q[j] against p[j] with coin uniforms[j] in [0, 1).
+
+    u < p(x)/q(x), written as u q(x) < p(x) so that no division is needed.
+    """
+    idx = tokens.unsqueeze(-1)
+    p_x = p.gather(-1, idx).squeeze(-1)
+    q_x = q.gather(-1, idx).squeeze(-1)
+    return uniforms * q_x < p_x
+
+
+def recursive_rejection_steps(
+    p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Recursive rejection sampling for K candidates drawn from q without replacement.
+
+    p: [B, V] targets (one per parent node); q: [V] the level's proposal, shared by all parents;
+    candidates: long [K], one sequential draw without replacement from q, in draw order.
+    Returns (accept_prob [B, K], final_residual [B, V]):
+      accept_prob[:, k] = min(1, p^(k)(c_k) / q^(k)(c_k)) with p^(1) = p, q^(1) = q,
+      p^(k+1) = normalize(max(p^(k) - q^(k), 0)), q^(k+1) = q^(k) without c_k, renormalised;
+      final_residual = p^(K+1), the distribution to draw from when all K are rejected.
+    The first accepted candidate in draw order wins; the result is distributed exactly as p.
+    """
+    p_k = p
+    q_k = q.unsqueeze(0).expand_as(p)
+    probs = []
+    for k in range(candidates.shape[0]):  # K is the tree width (a handful), not a token count
+        c = candidates[k]
+        probs.append(accept_probability(p_k[:, c], q_k[:, c].clamp(min=1e-30)))
+        p_k = residual(p_k, q_k)
+        q_k = q_k.clone()
+        q_k[:, c] = 0.0
+        q_k = q_k / q_k.sum(-1, keepdim=True).clamp(min=1e-30)
+    return torch.stack(probs, dim=-1), p_k
+
+
+def first_true(flags: torch.Tensor) -> torch.Tensor:
+    """Index of the first True along the last axis, or -1 where there is none."""
+    k = flags.shape[-1]
+    order = torch.arange(k, 0, -1, device=flags.device)
+    best = (flags.long() * order).argmax(-1)
+    return torch.where(flags.any(-1), best, torch.full_like(best, -1))
+
+
+def sample(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """One categorical draw per row of probs [..., V] (inverse CDF; faster than multinomial).
+
+    searchsorted(right=True) skips zero-probability tokens even where u lands on a flat step.
+    """
+    cdf = probs.cumsum(-1)
+    u = torch.rand(probs.shape[:-1] + (1,), generator=generator, device=probs.device, dtype=cdf.dtype)
+    idx = torch.searchsorted(cdf, u * cdf[..., -1:], right=True)
+    return idx.squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def sample_without_replacement(
+    q: torch.Tensor, k: int, exclude: torch.Tensor, generator: Optional[torch.Generator]
+) -> torch.Tensor:
+    """k tokens drawn sequentially without replacement from q [V] with `exclude` removed.
+
+    Gumbel top-k on log q is exactly a sequential draw without replacement (Plackett-Luce).
+    """
+    if k <= 0:
+        return torch.empty(0, dtype=torch.long, device=q.device)
+    logq = torch.log(q).clone()
+    logq[exclude] = float("-inf")
+    u = torch.rand(q.shape, generator=generator, device=q.device, dtype=torch.float64)
+    keys = logq.double() - torch.log(-torch.log(u.clamp(min=1e-300)))
+    return torch.topk(keys, k).indices
+
+
+# ---------------------------------------------------------------------------------------------
+# The seed-exact (Gumbel) rule: token_t = argmax(log p_t + G_t), G_t a function of (seed, t).
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (lowbias32) on int64 tensors; identical on every device."""
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def gumbel_noise(seed: int, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Standard Gumbel noise [S, V] for image positions `positions`, from (seed, position) alone.
+
+    A counter-based hash, so the noise of position t never depends on how many tokens were
+    drawn before it: the property that makes AR, SJD and SJD-PAC pick the same tokens.
+    """
+    device = positions.device
+    seed_key = _mix32(torch.tensor([seed & _MASK32, (seed >> 32) & _MASK32], device=device))
+    base = _mix32(seed_key[0] ^ _mix32(seed_key[1] + 0x3C6EF372))
+    pos_key = _mix32(base ^ _mix32(positions.long() * 0x9E3779B9 + 0x7F4A7C15))  # [S]
+    vocab_key = _mix32(torch.arange(vocab_size, device=device, dtype=torch.long) + 0x632BE5AB)
+    bits = _mix32(pos_key.unsqueeze(-1) ^ vocab_key.unsqueeze(0))
+    bits = _mix32(bits + pos_key.unsqueeze(-1))
+    u = (bits.double() + 0.5) / 4294967296.0
+    return (-torch.log(-torch.log(u))).float()
+
+
+def gumbel_argmax(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """argmax(log p + G) over the last axis: an exact draw from p when G is Gumbel noise."""
+    return (torch.log(probs) + noise).argmax(-1)
+
+
+def gumbel_top_k(probs: torch.Tensor, noise: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest log p + G: a draw of k without replacement; the first is gumbel_argmax."""
+    return torch.topk(torch.log(probs) + noise, k, dim=-1).indices

@@ -1,0 +1,38 @@
+"""Shared fixtures. The machine is shared (2 cores): one torch thread per test process keeps
+tests from slowing each other down 20x through thread oversubscription."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture(scope="session")
+def demo_model():
+    """The bundled demo model, loaded once per test session through the public loader."""
+    import sjd_pac_core as sp
+
+    return sp.load_model("demo", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smoke_demo_folder(tmp_path_factory) -> Path:
+    """A demo-format checkpoint from a few steps of the real training script (its CI smoke run)."""
+    out = tmp_path_factory.mktemp("demo_smoke")
+    subprocess.run(
+        [sys.executable, "-m", "sjd_pac_core.demo.train", "--smoke", "--out", str(out), "--no-progress"],
+        check=True, cwd=REPO, capture_output=True,
+    )
+    return out

@@ -1,0 +1,208 @@
+"""Measure how "real" the demo model looks to a speculative sampler.
+
+    python -m sjd_pac_core.demo.calibrate [--weights DIR] [--out calibration.json] [--docs docs]
+
+Reports, on the model's own AR samples:
+* mean per-token entropy (nats) of the image-code distribution at temperature 1, without and
+  with top-k;
+* the locality curve: mean total variation between p_{i+d} with and without a change of the
+  token at i, for d = 1..36 (image tokens of real models peak at d = 1 and one row below,
+  d = 17 with the <eol> column, and again at d = 34);
+* SJD step compression (image tokens per forward pass) at window 32 with the real per-position
+  constraints (image codes at free positions, <eol> forced at every row end), through the
+  library's ``sjd_pac_core.sample_tokens`` when it is importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import torch
+
+from . import data as D
+from .model import WEIGHTS_DIR, load_demo, reference_ar_sample
+
+CAPTIONS = [
+    "a red circle top left on a blue background",
+    "a large green triangle in the center on a black background",
+    "a small yellow star bottom right on a purple background",
+    "a large white ring in the center on a red background",
+    "a blue square top right and a small orange diamond bottom left on a gray background",
+    "a large pink circle left on a green background",
+    "a cyan diamond bottom on a brown background",
+    "a small black triangle top and a large yellow circle bottom on a white background",
+]
+
+
+def image_logits(demo, captions, tokens):
+    """Teacher-forced logits at the image positions: (B, 272, V)."""
+    vocab = demo.vocab
+    prompts = [vocab.prompt_ids(c) for c in captions]
+    out = []
+    for p, t in zip(prompts, tokens):
+        ids = torch.cat([p, t])[None]
+        lg = demo.model(input_ids=ids).logits[0, len(p) - 1 : len(p) - 1 + len(t)]
+        out.append(lg)
+    return torch.stack(out)
+
+
+def masked_probs(logits, allowed, top_k=None):
+    l = logits.masked_fill(~allowed, float("-inf"))
+    if top_k is not None:
+        kth = torch.topk(l, top_k, dim=-1).values[..., -1:]
+        l = l.masked_fill(l < kth, float("-inf"))
+    return torch.softmax(l, -1)
+
+
+def entropy(p):
+    return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+
+
+@torch.no_grad()
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--weights", default=WEIGHTS_DIR)
+    ap.add_argument("--out", default=None, help="json results (default: <weights>/calibration.json)")
+    ap.add_argument("--docs", default=None, help="write demo_samples.png / demo_vq_recon.png / demo_data.png here")
+    ap.add_argument("--samples", type=int, default=8, help="AR samples for entropy/locality")
+    ap.add_argument("--perturb", type=int, default=24, help="perturbed positions per sample (locality)")
+    ap.add_argument("--sjd-runs", type=int, default=8)
+    ap.add_argument("--window", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    demo = load_demo(args.weights)
+    vocab = demo.vocab
+    allowed = vocab.allowed_tokens()
+    free = ~torch.zeros(vocab.num_image_tokens, dtype=torch.bool).index_fill_(0, vocab.eol_positions(), True)
+    res = {"weights": os.path.abspath(args.weights)}
+    t0 = time.time()
+
+    caps = (CAPTIONS * ((args.samples + len(CAPTIONS) - 1) // len(CAPTIONS)))[: args.samples]
+    toks = reference_ar_sample(demo, caps, seed=args.seed)
+    print(f"AR samples: {time.time() - t0:.1f}s", flush=True)
+
+    # ---- entropy -------------------------------------------------------------------------
+    lg = image_logits(demo, caps, toks)  # (B, 272, V)
+    ent = {}
+    for k in (None, 64, 16):
+        p = masked_probs(lg, allowed[None], k)
+        ent["all" if k is None else f"top_k={k}"] = float(entropy(p)[:, free].mean())
+    res["entropy_nats_T1"] = ent
+    # entropy per row (image structure: background rows vs object rows)
+    p = masked_probs(lg, allowed[None])
+    res["entropy_by_row"] = [round(float(x), 3) for x in entropy(p)[:, free].reshape(len(caps), 16, 16).mean((0, 2))]
+    print("entropy", ent, flush=True)
+
+    # ---- locality curve ------------------------------------------------------------------
+    g = torch.Generator().manual_seed(args.seed + 7)
+    dmax = 36
+    tv_sum = torch.zeros(dmax + 1)
+    tv_n = torch.zeros(dmax + 1)
+    free_idx = free.nonzero().squeeze(1)
+    for b, c in enumerate(caps):
+        prompt = vocab.prompt_ids(c)
+        P = len(prompt)
+        base = torch.cat([prompt, toks[b]])
+        pos = free_idx[free_idx < vocab.num_image_tokens - 1]
+        pick = pos[torch.randperm(len(pos), generator=g)[: args.perturb]]
+        batch = base[None].repeat(len(pick) + 1, 1)
+        for j, i in enumerate(pick.tolist()):
+            # change the token at i to another code drawn from the model's own p_i
+            pi = p[b, i].clone()
+            pi[toks[b, i]] = 0
+            new = torch.multinomial(pi / pi.sum(), 1, generator=g)
+            batch[j + 1, P + i] = new
+        lgb = demo.model(input_ids=batch).logits[:, P - 1 : P - 1 + vocab.num_image_tokens]
+        pb = masked_probs(lgb, allowed[None])
+        for j, i in enumerate(pick.tolist()):
+            for d in range(1, dmax + 1):
+                t = i + d
+                if t >= vocab.num_image_tokens or not free[t]:
+                    continue
+                tv = 0.5 * (pb[j + 1, t] - pb[0, t]).abs().sum()
+                tv_sum[d] += tv
+                tv_n[d] += 1
+    curve = (tv_sum / tv_n.clamp_min(1))[1:]
+    res["locality_tv"] = {str(d): round(float(curve[d - 1]), 4) for d in range(1, dmax + 1)}
+    print("locality TV d=1..36:", " ".join(f"{x:.3f}" for x in curve.tolist()), flush=True)
+
+    # ---- SJD step compression -------------------------------------------------------------
+    try:
+        import sjd_pac_core as sp
+    except Exception as e:  # pragma: no cover - the core is being written in parallel
+        sp = None
+        res["sjd"] = f"not measured: sjd_pac_core not importable ({e!r})"
+    if sp is not None and hasattr(sp, "sample_tokens"):
+        cons = sp.TokenConstraints(
+            vocab.vocab_size, vocab.num_image_tokens, allowed=allowed, forced=vocab.forced_tokens()
+        )
+        sjd = {}
+        settings = [
+            ("sjd", dict(method="sjd", window=args.window)),
+            ("sjd_topk64", dict(method="sjd", window=args.window, top_k=64)),
+            ("sjd_cfg3", dict(method="sjd", window=args.window, cfg_scale=3.0)),
+            ("sjd_pac_L64", dict(method="sjd_pac", window=64)),
+        ]
+        for name, kw in settings:
+            comps, times, ok = [], [], True
+            for r in range(args.sjd_runs):
+                cap = CAPTIONS[r % len(CAPTIONS)]
+                t1 = time.time()
+                try:
+                    out = sp.sample_tokens(
+                        demo.model,
+                        vocab.prompt_ids(cap),
+                        vocab.num_image_tokens,
+                        config=sp.SamplerConfig(**kw),
+                        seed=r,
+                        uncond_prompt_ids=vocab.uncond_prompt_ids(),
+                        allowed_tokens=cons,
+                    )
+                except Exception as e:  # pragma: no cover
+                    sjd[name] = f"failed: {e!r}"
+                    ok = False
+                    break
+                times.append(time.time() - t1)
+                comps.append(float(out.stats.step_compression))
+                vocab.codes_from_ids(out.tokens.reshape(-1)[-vocab.num_image_tokens :])  # layout check
+            if ok:
+                sjd[name] = {
+                    "mean": round(float(np.mean(comps)), 3),
+                    "min": round(float(np.min(comps)), 3),
+                    "max": round(float(np.max(comps)), 3),
+                    "runs": len(comps),
+                    "mean_wall_s": round(float(np.mean(times)), 2),
+                }
+            print(name, sjd[name], flush=True)
+        res["sjd"] = sjd
+
+    # ---- pictures -----------------------------------------------------------------------
+    if args.docs:
+        os.makedirs(args.docs, exist_ok=True)
+        ims, _ = D.generate(16, seed=123, split="train")
+        D.contact_sheet(ims, 8, 3).save(os.path.join(args.docs, "demo_data.png"))
+        ho, _ = D.generate(8, seed=0, split="heldout")
+        rec = demo.vq.decode_to_uint8(demo.vq.encode(np.concatenate([ims[:8], ho])))
+        D.contact_sheet(np.concatenate([ims[:8], rec[:8], ho, rec[8:]]), 8, 3).save(
+            os.path.join(args.docs, "demo_vq_recon.png")
+        )
+        cfg_toks = reference_ar_sample(demo, CAPTIONS, cfg_scale=3.0, seed=args.seed + 1)
+        arr = np.concatenate([demo.tokens_to_array(toks[: len(CAPTIONS)]), demo.tokens_to_array(cfg_toks)])
+        D.contact_sheet(arr, 8, 3).save(os.path.join(args.docs, "demo_samples.png"))
+        res["samples_png_captions"] = CAPTIONS
+    res["wall_s"] = round(time.time() - t0, 1)
+    out = args.out or os.path.join(args.weights, "calibration.json")
+    with open(out, "w") as f:
+        json.dump(res, f, indent=2)
+    print("wrote", out)
+    return res
+
+
+if __name__ == "__main__":
+    main()

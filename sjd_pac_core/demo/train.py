@@ -1,0 +1,306 @@
+"""Rebuild the bundled demo model from scratch: data -> VQ tokenizer -> text-to-image LM.
+
+    python -m sjd_pac_core.demo.train --out /tmp/demo_run            # the full recipe
+    python -m sjd_pac_core.demo.train --smoke                          # a few steps of each stage
+
+The full recipe is sized for about one hour of CPU time on one thread. Every ``--ckpt-every``
+LM steps the output directory holds a usable (partially trained) model. The shipped weights in
+``sjd_pac_core/demo/weights/`` are the output of the full recipe with the default arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from . import data as D
+from .vocab import BOI, BOS, EOI, PAD, DemoVocab
+from .vq import VQConfig, VQModel, train_vq
+
+LOSS_LOG = "loss_log.jsonl"
+TRAINING_LOG = "training_log.json"
+
+
+def lm_config(vocab: DemoVocab, hidden: int, layers: int, heads: int, intermediate: int, max_pos: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab.vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=max_pos,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=BOS,
+        eos_token_id=EOI,
+        pad_token_id=PAD,
+        attn_implementation="sdpa",
+    )
+
+
+def build_sequences(vocab: DemoVocab, captions: list[str], codes: torch.Tensor):
+    """-> list of prompt id tensors (conditional), image id tensor (N, 272 + 1 with <eoi>)."""
+    prompts = [vocab.prompt_ids(c) for c in captions]
+    img = vocab.image_ids(codes)
+    img = torch.cat([img, torch.full((img.shape[0], 1), EOI, dtype=torch.long)], 1)
+    return prompts, img
+
+
+def make_batch(vocab, prompts, img, idx, drop_mask):
+    seqs, plen = [], []
+    for j, i in enumerate(idx):
+        p = vocab.uncond_prompt_ids() if drop_mask[j] else prompts[i]
+        seqs.append(torch.cat([p, img[i]]))
+        plen.append(len(p))
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), PAD, dtype=torch.long)
+    labels = torch.full((len(seqs), T), -100, dtype=torch.long)
+    for j, s in enumerate(seqs):
+        ids[j, : len(s)] = s
+        labels[j, plen[j] : len(s)] = s[plen[j] :]  # loss only on the image part (and <eoi>)
+    return ids, labels
+
+
+@torch.no_grad()
+def eval_loss(model, vocab, prompts, img, batch_size=16, uncond=False):
+    model.eval()
+    tot, n = 0.0, 0
+    for i in range(0, len(prompts), batch_size):
+        idx = list(range(i, min(i + batch_size, len(prompts))))
+        ids, labels = make_batch(vocab, prompts, img, idx, [uncond] * len(idx))
+        logits = model(input_ids=ids).logits[:, :-1]
+        tgt = labels[:, 1:]
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100, reduction="sum"
+        )
+        tot += loss.item()
+        n += int((tgt != -100).sum())
+    model.train()
+    return tot / max(n, 1)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="output directory (default: a temp dir for --smoke, else ./demo_run)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--images", type=int, default=12000, help="training images (generated, then VQ-encoded)")
+    ap.add_argument("--vq-steps", type=int, default=450)
+    ap.add_argument("--vq-batch", type=int, default=32)
+    ap.add_argument("--vq-lr", type=float, default=2e-3)
+    ap.add_argument("--codebook", type=int, default=512)
+    ap.add_argument("--lm-steps", type=int, default=2000)
+    ap.add_argument("--lm-batch", type=int, default=16)
+    ap.add_argument("--lm-lr", type=float, default=2e-3)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--intermediate", type=int, default=512)
+    ap.add_argument("--caption-dropout", type=float, default=0.12)
+    ap.add_argument("--ckpt-every", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps a shared machine usable)")
+    ap.add_argument("--vq-from", default=None, help="reuse a trained VQ from this dir instead of training one")
+    ap.add_argument("--smoke", action="store_true", help="a handful of steps of every stage (CI)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    if args.smoke:
+        args.images, args.vq_steps, args.vq_batch = 48, 4, 8
+        args.lm_steps, args.lm_batch, args.ckpt_every = 4, 4, 2
+        args.hidden, args.layers, args.heads, args.intermediate = 32, 2, 2, 64
+    if args.out is None:
+        args.out = tempfile.mkdtemp(prefix="sjd_demo_smoke_") if args.smoke else "demo_run"
+    out = args.out
+    os.makedirs(out, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    progress = not args.no_progress
+    t_wall0, t_cpu0 = time.time(), time.process_time()
+
+    log_path = os.path.join(out, LOSS_LOG)
+    log_f = open(log_path, "w")
+
+    def log(rec):
+        log_f.write(json.dumps(rec) + "\n")
+        log_f.flush()
+
+    # ---- 1. data -----------------------------------------------------------------------
+    images, captions = D.generate(args.images, args.seed, "train", progress=progress)
+    n_val = max(4, min(256, args.images // 50))
+    val_images, val_captions = D.generate(n_val, args.seed, "train", start=args.images)
+    ho_images, ho_captions = D.generate(n_val, args.seed, "heldout")
+    t_data = time.process_time() - t_cpu0
+
+    # ---- 2. VQ -------------------------------------------------------------------------
+    if args.vq_from:
+        vq = VQModel.from_pretrained(args.vq_from)
+        vq_losses = {"reused_from": args.vq_from}
+        vq.save_pretrained(out)
+    else:
+        vq, vq_losses = train_vq(
+            images,
+            args.vq_steps,
+            batch_size=args.vq_batch,
+            lr=args.vq_lr,
+            seed=args.seed,
+            config=VQConfig(codebook_size=args.codebook),
+            log=log,
+            progress=progress,
+            checkpoint_every=max(100, args.vq_steps // 4),
+            checkpoint_dir=out,
+        )
+        vq.save_pretrained(out)
+        vq = VQModel.from_pretrained(out)  # what ships is fp16: tokenise with that
+    t_vq = time.process_time() - t_cpu0 - t_data
+
+    with torch.no_grad():
+        codes = vq.encode(images)
+        val_codes, ho_codes = vq.encode(val_images), vq.encode(ho_images)
+        rec = vq.decode(val_codes)
+        from .vq import to_input
+
+        vq_val_mse = float(((rec - to_input(val_images)) ** 2).mean())
+    used = int(torch.unique(codes).numel())
+    print(f"VQ: val mse {vq_val_mse:.5f} (in [-1,1] units), codes used {used}/{args.codebook}", flush=True)
+    log({"stage": "vq_eval", "val_mse": vq_val_mse, "codes_used": used})
+    t_enc = time.process_time() - t_cpu0 - t_data - t_vq
+
+    # ---- 3. vocabulary ------------------------------------------------------------------
+    vocab = DemoVocab(words=list(D.CAPTION_WORDS), codebook_size=args.codebook, grid=16)
+    vocab.save(out)
+    prompts, img = build_sequences(vocab, captions, codes)
+    vprompts, vimg = build_sequences(vocab, val_captions, val_codes)
+    hprompts, himg = build_sequences(vocab, ho_captions, ho_codes)
+    max_len = max(len(p) for p in prompts + hprompts) + img.shape[1]
+    max_pos = 1 << (max_len - 1).bit_length()
+
+    # ---- 4. LM -------------------------------------------------------------------------
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(args.seed)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    cfg = lm_config(vocab, args.hidden, args.layers, args.heads, args.intermediate, max_pos)
+    model = LlamaForCausalLM(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"LM: {n_params / 1e6:.2f}M parameters, vocab {vocab.vocab_size}, max_pos {max_pos}", flush=True)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lm_lr,
+        betas=(0.9, 0.95),
+    )
+    warm = max(1, min(100, args.lm_steps // 10))
+
+    def lr_at(s):
+        if s < warm:
+            return args.lm_lr * (s + 1) / warm
+        t = (s - warm) / max(1, args.lm_steps - warm)
+        return args.lm_lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
+
+    def write_training_log(status, step, extra):
+        rec = {
+            "status": status,
+            "command": "python -m sjd_pac_core.demo.train " + " ".join(sys.argv[1:] if argv is None else argv),
+            "seed": args.seed,
+            "images": args.images,
+            "vq": {
+                "steps": args.vq_steps,
+                "batch_size": args.vq_batch,
+                "lr": args.vq_lr,
+                "codebook_size": args.codebook,
+                "params": sum(p.numel() for p in vq.parameters()),
+                "final_losses": vq_losses,
+                "val_mse": vq_val_mse,
+                "codes_used": used,
+            },
+            "lm": {
+                "steps_done": step,
+                "steps": args.lm_steps,
+                "batch_size": args.lm_batch,
+                "lr": args.lm_lr,
+                "caption_dropout": args.caption_dropout,
+                "params": n_params,
+                "hidden": args.hidden,
+                "layers": args.layers,
+                "heads": args.heads,
+                "intermediate": args.intermediate,
+                **extra,
+            },
+            "threads": args.threads,
+            "wall_time_s": round(time.time() - t_wall0, 1),
+            "cpu_time_s": round(time.process_time() - t_cpu0, 1),
+            "cpu_time_by_stage_s": {"data": round(t_data, 1), "vq": round(t_vq, 1), "encode": round(t_enc, 1)},
+            "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+        }
+        with open(os.path.join(out, TRAINING_LOG), "w") as f:
+            json.dump(rec, f, indent=2)
+
+    def checkpoint(status, step, extra):
+        model.save_pretrained(out, safe_serialization=True)
+        write_training_log(status, step, extra)
+
+    it = range(args.lm_steps)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(it, desc="lm", unit="step")
+        it = bar
+    model.train()
+    ema = None
+    for s in it:
+        for pg in opt.param_groups:
+            pg["lr"] = lr_at(s)
+        idx = torch.randint(0, len(prompts), (args.lm_batch,), generator=g).tolist()
+        drop = (torch.rand(args.lm_batch, generator=g) < args.caption_dropout).tolist()
+        ids, labels = make_batch(vocab, prompts, img, idx, drop)
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        lv = loss.item()
+        ema = lv if ema is None else 0.98 * ema + 0.02 * lv
+        if bar is not None:
+            bar.set_postfix(loss=f"{ema:.3f}")
+        if s % 25 == 0 or s == args.lm_steps - 1:
+            log({"stage": "lm", "step": s, "loss": round(lv, 5), "loss_ema": round(ema, 5), "lr": lr_at(s),
+                 "cpu_s": round(time.process_time() - t_cpu0, 1)})
+        if args.ckpt_every and (s + 1) % args.ckpt_every == 0 and s + 1 < args.lm_steps:
+            checkpoint("partial", s + 1, {"train_loss_ema": ema})
+
+    t_lm = time.process_time() - t_cpu0 - t_data - t_vq - t_enc
+    val = eval_loss(model, vocab, vprompts, vimg)
+    val_u = eval_loss(model, vocab, vprompts, vimg, uncond=True)
+    ho = eval_loss(model, vocab, hprompts, himg)
+    print(f"LM: train loss(ema) {ema:.4f}  val {val:.4f}  val-uncond {val_u:.4f}  heldout {ho:.4f}", flush=True)
+    log({"stage": "lm_eval", "val_loss": val, "val_loss_uncond": val_u, "heldout_loss": ho})
+    checkpoint(
+        "complete",
+        args.lm_steps,
+        {"train_loss_ema": ema, "val_loss": val, "val_loss_uncond": val_u, "heldout_loss": ho,
+         "cpu_time_s": round(t_lm, 1)},
+    )
+    log_f.close()
+    print(f"done: {out}  cpu {time.process_time() - t_cpu0:.0f}s  wall {time.time() - t_wall0:.0f}s", flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()

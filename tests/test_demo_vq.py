@@ -1,0 +1,90 @@
+"""The demo VQ tokenizer and token layout, with the shipped weights."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from sjd_pac_core.demo import data as D
+from sjd_pac_core.demo.model import WEIGHTS_DIR
+from sjd_pac_core.demo.vocab import BOI, BOS, EOL, SPECIALS, DemoVocab
+from sjd_pac_core.demo.vq import VQConfig, VQModel, to_input
+
+HAVE_WEIGHTS = os.path.exists(os.path.join(WEIGHTS_DIR, "vq.safetensors"))
+needs_weights = pytest.mark.skipif(not HAVE_WEIGHTS, reason="demo weights not built")
+
+
+@pytest.fixture(scope="module")
+def vq():
+    return VQModel.from_pretrained(WEIGHTS_DIR)
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return DemoVocab.load(WEIGHTS_DIR)
+
+
+def test_untrained_round_trip_shapes():
+    torch.manual_seed(0)
+    m = VQModel(VQConfig(codebook_size=64)).eval()
+    ims, _ = D.generate(2, seed=0)
+    codes = m.encode(ims)
+    assert codes.shape == (2, 16, 16) and codes.dtype == torch.long
+    assert int(codes.min()) >= 0 and int(codes.max()) < 64
+    rec = m.decode(codes)
+    assert rec.shape == (2, 3, 64, 64)
+    assert m.decode_to_uint8(codes).shape == (2, 64, 64, 3)
+
+
+@needs_weights
+def test_shipped_config_and_codebook(vq):
+    with open(os.path.join(WEIGHTS_DIR, "vq_config.json")) as f:
+        cfg = json.load(f)
+    assert cfg["codebook_size"] == vq.codebook_size
+    assert 256 <= vq.codebook_size <= 512
+    assert vq.quantizer.embedding.shape == (vq.codebook_size, cfg["code_dim"])
+    assert vq.quantizer.embedding.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in vq.parameters())  # upcast for CPU
+    assert torch.isfinite(vq.quantizer.embedding).all()
+
+
+@needs_weights
+def test_shipped_reconstruction_error(vq):
+    ims, _ = D.generate(8, seed=11, split="heldout")
+    codes = vq.encode(ims)
+    assert codes.shape == (8, 16, 16)
+    rec = vq.decode_to_uint8(codes)
+    assert rec.shape == ims.shape and rec.dtype == np.uint8
+    mse = ((rec.astype(np.float64) - ims) ** 2).mean()
+    psnr = 10 * np.log10(255.0**2 / mse)
+    assert psnr > 22.0, psnr
+    # the codes are used broadly, not collapsed onto a few entries
+    assert len(torch.unique(codes)) > 100
+    # re-encoding the reconstruction gives mostly the same codes (a stable tokenizer)
+    again = vq.encode(rec)
+    assert (again == codes).float().mean() > 0.5
+
+
+@needs_weights
+def test_shipped_vocab_layout(vocab, vq):
+    assert vocab.specials == SPECIALS and SPECIALS[:5] == ["<pad>", "<bos>", "<boi>", "<eol>", "<eoi>"]
+    assert vocab.codebook_size == vq.codebook_size
+    assert vocab.image_offset == len(SPECIALS) + len(vocab.words)
+    assert vocab.vocab_size == vocab.image_offset + vocab.codebook_size
+    assert set(D.CAPTION_WORDS) <= set(vocab.words)
+    p = vocab.prompt_ids("a red circle top left on a blue background")
+    assert p[0] == BOS and p[-1] == BOI and len(p) == 11
+    assert vocab.uncond_prompt_ids().tolist() == [BOS, BOI]
+    codes = torch.randint(0, vocab.codebook_size, (3, 16, 16))
+    ids = vocab.image_ids(codes)
+    assert ids.shape == (3, 16 * 17)
+    assert (ids[:, 16::17] == EOL).all()
+    assert torch.equal(vocab.codes_from_ids(ids), codes)
+    allowed = vocab.allowed_tokens()
+    assert allowed.shape == (272, vocab.vocab_size)
+    assert allowed[16].sum() == 1 and allowed[16, EOL]
+    assert allowed[0].sum() == vocab.codebook_size and not allowed[0, : vocab.image_offset].any()
+    forced = vocab.forced_tokens()
+    assert (forced[16::17] == EOL).all() and (forced[forced != EOL] == -1).all()

@@ -1,0 +1,22 @@
+"""ComfyUI entry point of sjd-pac (custom_nodes/sjd-pac/__init__.py).
+
+Importing this file never requires ComfyUI: ComfyUI's modules are touched only through
+nodes/comfy_bridge.py, and only when ComfyUI is running. `import sjd_pac_core` never imports it.
+"""
+
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if importlib.util.find_spec("sjd_pac_core") is None:  # a plain clone in custom_nodes, not pip-installed
+    sys.path.insert(0, _HERE)
+
+from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: E402
+from .nodes import comfy_bridge as _comfy_bridge  # noqa: E402
+
+WEB_DIRECTORY = "./web"
+
+_comfy_bridge.register_model_folder()  # models/autoregressive; a no-op outside ComfyUI
+
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]

@@ -1,0 +1,222 @@
+"""Every call into ComfyUI goes through this module, and only this module.
+
+ComfyUI's modules (folder_paths, comfy.utils, comfy.model_management, server) are imported lazily
+inside the functions, and only when ComfyUI is actually running (it has already imported them), so
+the node classes work as plain Python in CI and in scripts.
+
+Tests (and other hosts) replace the ComfyUI side by injecting plain callables into `hooks`; an
+injected callable always wins over ComfyUI:
+
+    hooks.progress(value, total, preview_image_or_None)   # progress bar + live preview
+    hooks.interrupt()                                      # raise to cancel (called every pass)
+    hooks.event(name, data)                                # front-end message ("sjd_pac.progress")
+    hooks.model_roots()                                    # folders holding model sub-folders
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional
+
+import torch
+
+log = logging.getLogger("sjd_pac.nodes")
+
+MODEL_FOLDER_NAME = "autoregressive"  # models/autoregressive/<checkpoint folder>/config.json
+PREVIEW_MAX_SIZE = 512  # longest side of the live preview sent to the browser
+
+
+@dataclass
+class Hooks:
+    """Injected replacements for the ComfyUI calls (None = use ComfyUI when it runs, else no-op)."""
+
+    progress: Optional[Callable[[int, int, Any], None]] = None
+    interrupt: Optional[Callable[[], None]] = None
+    event: Optional[Callable[[str, dict], None]] = None
+    model_roots: Optional[Callable[[], List[str]]] = None
+
+
+hooks = Hooks()
+
+
+def reset_hooks() -> None:
+    """Forget every injected callable (tests call this in teardown)."""
+    global hooks
+    hooks = Hooks()
+
+
+# --- is ComfyUI here? -----------------------------------------------------------------------------
+def in_comfyui() -> bool:
+    """True inside a running ComfyUI (it imports these modules before loading custom nodes)."""
+    return "folder_paths" in sys.modules and "comfy.model_management" in sys.modules
+
+
+def _comfy(module: str):
+    """A ComfyUI module, or None outside ComfyUI (never imported from scratch here)."""
+    if not in_comfyui():
+        return None
+    try:
+        return importlib.import_module(module)
+    except Exception:  # a ComfyUI too old or too new for this call: degrade to no-op
+        log.debug("sjd-pac: ComfyUI module %s is not available", module, exc_info=True)
+        return None
+
+
+# --- model folders --------------------------------------------------------------------------------
+def register_model_folder() -> None:
+    """Register models/autoregressive with folder_paths (extra_model_paths.yaml entries are kept)."""
+    folder_paths = _comfy("folder_paths")
+    if folder_paths is None:
+        return
+    default = os.path.join(folder_paths.models_dir, MODEL_FOLDER_NAME)
+    os.makedirs(default, exist_ok=True)
+    folder_paths.add_model_folder_path(MODEL_FOLDER_NAME, default, is_default=True)
+
+
+def model_roots() -> List[str]:
+    """Folders whose sub-folders are checkpoints: ComfyUI's 'autoregressive' paths, or injected."""
+    if hooks.model_roots is not None:
+        return list(hooks.model_roots())
+    folder_paths = _comfy("folder_paths")
+    if folder_paths is None:
+        env = os.environ.get("SJD_PAC_MODEL_DIRS", "")
+        return [p for p in env.split(os.pathsep) if p]
+    try:
+        return list(folder_paths.get_folder_paths(MODEL_FOLDER_NAME))
+    except KeyError:  # register_model_folder has not run
+        return []
+
+
+# --- devices and memory ---------------------------------------------------------------------------
+def choose_device(choice: str) -> str:
+    """'auto' / 'gpu' / 'cpu' -> a device string for load_model; respects ComfyUI's --cpu."""
+    if choice == "cpu":
+        return "cpu"
+    mm = _comfy("comfy.model_management")
+    if mm is not None:
+        device = mm.get_torch_device()
+        if choice == "gpu" and device.type == "cpu":
+            raise ValueError(
+                "ComfyUI runs on the CPU (started with --cpu or without a GPU); set device to auto or cpu."
+            )
+        return str(device)
+    if choice == "gpu":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return "mps"
+        raise ValueError("No GPU is available to PyTorch here; set device to auto or cpu.")
+    return "auto"
+
+
+def soft_empty_cache() -> None:
+    mm = _comfy("comfy.model_management")
+    if mm is not None:
+        mm.soft_empty_cache()
+    elif torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def free_memory_for(num_bytes: int, device: str) -> None:
+    """Ask ComfyUI to make room on `device` (unloading its own models) before we load weights."""
+    mm = _comfy("comfy.model_management")
+    if mm is None or not device or device == "cpu" or num_bytes <= 0:
+        return
+    try:
+        mm.free_memory(num_bytes, torch.device(device))
+    except Exception:
+        log.warning("sjd-pac: ComfyUI could not free memory before loading", exc_info=True)
+
+
+_hook_lock = threading.Lock()
+_hook_installed = False
+
+
+def install_free_memory_hook(release: Callable[[torch.device, float], None]) -> bool:
+    """Call release(device, bytes_still_needed) when ComfyUI frees memory and it was not enough.
+
+    ComfyUI only manages the models it loaded itself (through ModelPatcher). Ours are plain
+    PyTorch modules, so we wrap comfy.model_management.free_memory: every path that frees memory
+    (loading another model, the "Unload models" button / POST /free, unload_all_models) goes
+    through it. After ComfyUI has unloaded its own models, if the device still lacks the memory
+    asked for, `release` moves ours off that device. Installed once; returns whether it is in place.
+    """
+    global _hook_installed
+    mm = _comfy("comfy.model_management")
+    if mm is None:
+        return False
+    with _hook_lock:
+        if _hook_installed:
+            return True
+        original = mm.free_memory
+
+        def free_memory(memory_required, device, *args, **kwargs):
+            result = original(memory_required, device, *args, **kwargs)
+            try:
+                dev = torch.device(device)
+                if dev.type != "cpu":
+                    free = mm.get_free_memory(dev)
+                    if free < memory_required:
+                        release(dev, memory_required - free)
+            except Exception:
+                log.warning("sjd-pac: releasing AR image models failed", exc_info=True)
+            return result
+
+        free_memory.__wrapped__ = original  # type: ignore[attr-defined]
+        mm.free_memory = free_memory
+        _hook_installed = True
+        return True
+
+
+# --- progress, preview, cancel, front-end events ----------------------------------------------------
+class ProgressSink:
+    """One node run's progress bar: committed tokens out of all tokens of the batch."""
+
+    def __init__(self, total: int, node_id: Optional[str]) -> None:
+        self.total = max(1, int(total))
+        self.node_id = node_id
+        self._bar = None
+        if hooks.progress is None:
+            utils = _comfy("comfy.utils")
+            if utils is not None:
+                self._bar = utils.ProgressBar(self.total, node_id=node_id)
+
+    def update(self, value: int, preview=None) -> None:
+        """Advance to `value`; `preview` is a PIL image shown on the node (or None)."""
+        value = min(int(value), self.total)
+        if hooks.progress is not None:
+            hooks.progress(value, self.total, preview)
+        elif self._bar is not None:
+            payload = ("JPEG", preview.convert("RGB"), PREVIEW_MAX_SIZE) if preview is not None else None
+            self._bar.update_absolute(value, self.total, payload)
+
+
+def check_interrupted() -> None:
+    """Raise if the user pressed Cancel (ComfyUI's InterruptProcessingException) or a hook says so."""
+    if hooks.interrupt is not None:
+        hooks.interrupt()
+        return
+    mm = _comfy("comfy.model_management")
+    if mm is not None:
+        mm.throw_exception_if_processing_interrupted()
+
+
+def send_event(name: str, data: dict) -> None:
+    """Send a message to the browser (the web/ extension); skipped when there is no server."""
+    if hooks.event is not None:
+        hooks.event(name, data)
+        return
+    server = _comfy("server")
+    instance = getattr(getattr(server, "PromptServer", None), "instance", None)
+    if instance is None:
+        return
+    try:
+        instance.send_sync(name, data, getattr(instance, "client_id", None))
+    except Exception:
+        log.debug("sjd-pac: could not send %s", name, exc_info=True)
+

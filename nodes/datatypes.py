@@ -1,0 +1,91 @@
+"""The values that travel along the graph's links: AR_IMAGE_MODEL, AR_IMAGE_TOKENS, SJD_STATS."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Tuple
+
+import torch
+
+from sjd_pac_core import ARImageModel, RunStats, SamplerConfig
+
+AR_IMAGE_MODEL = "AR_IMAGE_MODEL"
+AR_IMAGE_TOKENS = "AR_IMAGE_TOKENS"
+SJD_STATS = "SJD_STATS"
+
+
+@dataclass(frozen=True)
+class ModelHandle:
+    """What the loader outputs: a reference to a model held in nodes.model_cache.
+
+    ComfyUI caches node outputs, so the graph keeps this handle, not the weights: after ComfyUI
+    frees memory (our models are unloaded and dropped from the cache) `get()` loads them again.
+    """
+
+    name: str  # the loader's choice: "demo" or a folder name under models/autoregressive
+    path: str  # what load_model gets: "demo" or the folder's absolute path
+    dtype: str  # auto / bf16 / fp16 / fp32
+    device: str  # a concrete device string ("cpu", "cuda:0", ...)
+    family: str = ""
+    resolutions: Tuple[str, ...] = ()
+
+    @property
+    def key(self) -> Tuple[str, str, str]:
+        return (self.path, self.dtype, self.device)
+
+    def get(self) -> ARImageModel:
+        from . import model_cache
+
+        return model_cache.get_model(self)
+
+
+@dataclass
+class ARImageTokens:
+    """AR_IMAGE_TOKENS: sampled image tokens, ready for Decode AR Image Tokens."""
+
+    tokens: torch.Tensor  # long [B, num_tokens] on the CPU, in the sampler's token space
+    resolution: str
+    model: ModelHandle
+    seeds: List[int] = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass
+class SJDStats:
+    """SJD_STATS: statistics of one sampler run (one RunStats per image of the batch)."""
+
+    runs: List[RunStats]
+    config: SamplerConfig
+    model_name: str
+    prompt: str
+    seed: int
+    resolution: str
+    tokens: torch.Tensor  # long [B, num_tokens], to tell whether two runs gave the same picture
+    baseline_key: tuple  # runs with the same key are the same job, whatever the method
+
+    @property
+    def method(self) -> str:
+        return self.config.method
+
+    @property
+    def forward_passes(self) -> int:
+        return sum(r.forward_passes for r in self.runs)
+
+    @property
+    def tokens_committed(self) -> int:
+        return sum(r.tokens_committed for r in self.runs)
+
+    @property
+    def step_compression(self) -> float:
+        return self.tokens_committed / max(1, self.forward_passes)
+
+    @property
+    def wall_time(self) -> float:
+        return sum(r.wall_time for r in self.runs)
+
+    @property
+    def accept_lengths(self) -> List[int]:
+        return [n for r in self.runs for n in r.accept_lengths]

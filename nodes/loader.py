@@ -1,0 +1,99 @@
+"""Load AR Image Model: the bundled demo model or a checkpoint folder under models/autoregressive."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import List, Tuple
+
+import sjd_pac_core as sp
+from sjd_pac_core.models.loader import DEMO_NAME, resolve_device
+
+from . import comfy_bridge
+from .datatypes import AR_IMAGE_MODEL, ModelHandle
+
+DTYPES = ["auto", "bf16", "fp16", "fp32"]
+DEVICES = ["auto", "gpu", "cpu"]
+
+
+def model_choices() -> List[str]:
+    """"demo" first, then every checkpoint folder (one holding config.json) under the model roots."""
+    names = [DEMO_NAME]
+    for root in comfy_bridge.model_roots():
+        for folder in sp.list_model_folders(root):
+            if folder.name not in names:
+                names.append(folder.name)
+    return names
+
+
+def _missing_model_message(name: str) -> str:
+    return (
+        f"Model folder '{name}' was not found under models/{comfy_bridge.MODEL_FOLDER_NAME}; download "
+        "the checkpoint into that folder (see docs/comfyui.md), press Refresh, or pick another model."
+    )
+
+
+def resolve_choice(name: str) -> str:
+    """A loader choice -> what load_model takes ("demo" or an absolute folder path)."""
+    if name == DEMO_NAME:
+        return DEMO_NAME
+    for root in comfy_bridge.model_roots():
+        folder = Path(root) / name
+        if (folder / "config.json").is_file():
+            return str(folder.resolve())
+    raise ValueError(_missing_model_message(name))
+
+
+class LoadARImageModel:
+    DESCRIPTION = (
+        "Loads an autoregressive text-to-image model (the bundled 64x64 demo model, Lumina-mGPT, "
+        "Emu3 or Janus-Pro) from models/autoregressive/<folder>. Loading again with the same "
+        "settings reuses the loaded model."
+    )
+    CATEGORY = "sjd-pac"
+    RETURN_TYPES = (AR_IMAGE_MODEL,)
+    RETURN_NAMES = ("model",)
+    OUTPUT_TOOLTIPS = ("The loaded model, for SJD-PAC Sampler, Decode AR Image Tokens and SJD-PAC Text to Image.",)
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        return {
+            "required": {
+                "model": (model_choices(), {
+                    "default": DEMO_NAME,
+                    "tooltip": "Which model: 'demo' is the small bundled model (64x64, runs on a CPU); the "
+                               "others are the folders under models/autoregressive (each holding config.json "
+                               "and *.safetensors).",
+                }),
+                "dtype": (DTYPES, {
+                    "default": "auto",
+                    "tooltip": "Weight precision: auto picks bf16 on GPUs that support it, else fp16 on a GPU "
+                               "and fp32 on the CPU.",
+                }),
+                "device": (DEVICES, {
+                    "default": "auto",
+                    "tooltip": "Where the model runs: auto follows ComfyUI (the CPU when started with --cpu); "
+                               "gpu insists on a GPU; cpu is slow for the large models.",
+                }),
+            }
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, model: str, dtype: str, device: str):
+        if model is not None and model not in model_choices():
+            return _missing_model_message(model)
+        if dtype is not None and dtype not in DTYPES:
+            return f"Unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}."
+        if device is not None and device not in DEVICES:
+            return f"Unknown device '{device}'; choose one of {', '.join(DEVICES)}."
+        return True
+
+    def load(self, model: str, dtype: str, device: str) -> Tuple[ModelHandle]:
+        path = resolve_choice(model)
+        dev = comfy_bridge.choose_device(device)
+        if dev == "auto":
+            dev = str(resolve_device("auto"))
+        handle = ModelHandle(name=model, path=path, dtype=dtype, device=dev)
+        ar = handle.get()
+        return (replace(handle, family=ar.family, resolutions=tuple(ar.defaults.resolutions)),)

@@ -1,0 +1,90 @@
+// ComfyUI front-end extension of sjd-pac: a live chart on the SJD-PAC Sampler node (tokens accepted
+// per forward pass and the running step compression), fed by the server's "sjd_pac.progress"
+// messages, and the summary text drawn on the SJD Stats node after it runs.
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+import { applyProgress, drawChart, emptyChart, wrapText } from "./sjd_pac_chart.js";
+
+const CHART_NODES = new Set(["SJDPACSampler", "SJDPACTextToImage"]);
+const CHART_HEIGHT = 120;
+const LINE_HEIGHT = 14;
+
+function chartWidget(node) {
+  return {
+    name: "sjd_pac_chart",
+    type: "sjd_pac_chart",
+    value: "",
+    serialize: false, // not a widget value: keeps widgets_values as the server expects
+    computeSize(width) {
+      return [width, CHART_HEIGHT];
+    },
+    draw(ctx, _node, width, y) {
+      drawChart(ctx, node._sjdChart || emptyChart(), 10, y + 2, width - 20, CHART_HEIGHT - 6);
+    },
+  };
+}
+
+function textWidget(node) {
+  return {
+    name: "sjd_pac_summary",
+    type: "sjd_pac_summary",
+    value: "",
+    serialize: false,
+    computeSize(width) {
+      const lines = wrapText(node._sjdText || "", Math.max(20, Math.floor((width - 20) / 6.2)));
+      return [width, Math.max(1, lines.length) * LINE_HEIGHT + 8];
+    },
+    draw(ctx, _node, width, y) {
+      const text = node._sjdText || "Run the graph to see the summary.";
+      ctx.save();
+      ctx.fillStyle = "#ddd";
+      ctx.font = "11px monospace";
+      wrapText(text, Math.max(20, Math.floor((width - 20) / 6.2))).forEach((line, i) => {
+        ctx.fillText(line, 10, y + 12 + i * LINE_HEIGHT);
+      });
+      ctx.restore();
+    },
+  };
+}
+
+app.registerExtension({
+  name: "sjd_pac.live_chart",
+
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (CHART_NODES.has(nodeData.name)) {
+      const onNodeCreated = nodeType.prototype.onNodeCreated;
+      nodeType.prototype.onNodeCreated = function () {
+        const r = onNodeCreated?.apply(this, arguments);
+        this._sjdChart = emptyChart();
+        this.addCustomWidget(chartWidget(this));
+        return r;
+      };
+    }
+    if (nodeData.name === "SJDStats") {
+      const onNodeCreated = nodeType.prototype.onNodeCreated;
+      nodeType.prototype.onNodeCreated = function () {
+        const r = onNodeCreated?.apply(this, arguments);
+        this.addCustomWidget(textWidget(this));
+        return r;
+      };
+      const onExecuted = nodeType.prototype.onExecuted;
+      nodeType.prototype.onExecuted = function (message) {
+        onExecuted?.apply(this, arguments);
+        this._sjdText = (message?.text || []).join("\n");
+        const size = this.computeSize();
+        this.setSize([Math.max(this.size[0], size[0]), Math.max(this.size[1], size[1])]);
+        this.setDirtyCanvas(true, true);
+      };
+    }
+  },
+
+  async setup() {
+    api.addEventListener("sjd_pac.progress", ({ detail }) => {
+      if (!detail || detail.node == null) return;
+      const node = app.graph?.getNodeById?.(Number(detail.node)) ?? app.graph?.getNodeById?.(detail.node);
+      if (!node || !CHART_NODES.has(node.type ?? node.comfyClass)) return;
+      node._sjdChart = applyProgress(node._sjdChart, detail);
+      node.setDirtyCanvas(true, false);
+    });
+  },
+});

@@ -104,6 +104,58 @@ def check_weight_files(folder: Path) -> None:
         check_safetensors(path)
 
 
+def require_safetensors(folder: Path, repo_hint: str) -> None:
+    """The folder must hold the weights as safetensors, every shard its index names included."""
+    index_path = folder / "model.safetensors.index.json"
+    if index_path.is_file():
+        try:
+            shards = set(json.loads(index_path.read_text())["weight_map"].values())
+        except (json.JSONDecodeError, KeyError, AttributeError) as exc:
+            raise ModelLoadError(f"{index_path} is not a valid index ({exc}); download it again.") from None
+        missing = sorted(s for s in shards if not (folder / s).is_file())
+        if missing:
+            raise ModelLoadError(
+                f"{folder} lacks {len(missing)} weight shard(s) named in model.safetensors.index.json "
+                f"(first: {missing[0]}); download all model-*.safetensors files of {repo_hint}."
+            )
+    elif not any(folder.glob("*.safetensors")):
+        raise ModelLoadError(
+            f"{folder} has no *.safetensors weights; download the model*.safetensors files of {repo_hint} "
+            "into it (PyTorch .bin checkpoints are not loaded)."
+        )
+
+
+_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "I64": 8, "I32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                      "U8": 1, "I8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def checkpoint_numel(folder: Path) -> int:
+    """Parameters in the folder's safetensors files, from their headers (no weights read)."""
+    total = 0
+    for path in folder.glob("*.safetensors"):
+        with open(path, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(header_len))
+        for key, value in header.items():
+            if key == "__metadata__":
+                continue
+            count = 1
+            for dim in value["shape"]:
+                count *= dim
+            total += count
+    return total
+
+
+def auto_device_map(folder: Path, dtype: torch.dtype, device: torch.device) -> Optional[str]:
+    """"auto" (accelerate spreads layers over GPU and CPU) when the weights would not fit into the
+    free GPU memory with ~15% headroom for activations and the KV cache; None otherwise."""
+    if device.type != "cuda":
+        return None
+    need = checkpoint_numel(folder) * torch.empty((), dtype=dtype).element_size()
+    free, _total = torch.cuda.mem_get_info(device)
+    return "auto" if need > 0.85 * free else None
+
+
 def read_config(folder: Path) -> dict:
     config_path = folder / "config.json"
     if not config_path.is_file():
@@ -157,7 +209,13 @@ def load_model(
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     check_weight_files(folder)
-    model = _family_class(FAMILIES[family]).load(folder, config, torch_dtype, dev)
+    cls = _family_class(FAMILIES[family])
+    if getattr(cls, "supports_device_map", False):
+        # Only an "auto" device may spill onto the CPU; an explicit device is a promise to fit.
+        device_map = auto_device_map(folder, torch_dtype, dev) if str(device) == "auto" else None
+        model = cls.load(folder, config, torch_dtype, dev, device_map=device_map)
+    else:
+        model = cls.load(folder, config, torch_dtype, dev)
     model.name = model.name or (DEMO_NAME if folder == DEMO_FOLDER else folder.name)
     return model
 

@@ -1,0 +1,253 @@
+"""Meta's Chameleon VQGAN decoder (codes -> pixels), written for sjd-pac.
+
+transformers' ChameleonVQVAE has no decoder, so Lumina-mGPT images need Meta's `vqgan.yaml` +
+`vqgan.ckpt` (shipped in Lumina-mGPT's `ckpts/chameleon/tokenizer/` folder). That checkpoint is a
+taming-transformers style VQ model; this module rebuilds only the parts needed to decode - the
+codebook (`quantize.embedding`), `post_quant_conv` and the `decoder.*` tree - under the same
+parameter names, so the checkpoint's state dict loads into it key for key.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class VQGANLoadError(ValueError):
+    """vqgan.yaml / vqgan.ckpt cannot be used; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class VQGANConfig:
+    """The `model.params` of vqgan.yaml (taming-transformers naming)."""
+
+    embed_dim: int
+    n_embed: int
+    z_channels: int
+    ch: int
+    out_ch: int
+    ch_mult: Tuple[int, ...]
+    num_res_blocks: int
+    attn_resolutions: Tuple[int, ...]
+    resolution: int
+
+    @property
+    def downsample(self) -> int:
+        """Pixels per code along each side (16 for Chameleon)."""
+        return 2 ** (len(self.ch_mult) - 1)
+
+    @classmethod
+    def from_yaml(cls, path: Path) -> "VQGANConfig":
+        import yaml  # a dependency of transformers
+
+        try:
+            params = yaml.safe_load(Path(path).read_text())["model"]["params"]
+            dd = params["ddconfig"]
+            return cls(
+                embed_dim=int(params["embed_dim"]),
+                n_embed=int(params["n_embed"]),
+                z_channels=int(dd["z_channels"]),
+                ch=int(dd["ch"]),
+                out_ch=int(dd.get("out_ch", 3)),
+                ch_mult=tuple(int(m) for m in dd["ch_mult"]),
+                num_res_blocks=int(dd["num_res_blocks"]),
+                attn_resolutions=tuple(int(r) for r in (dd.get("attn_resolutions") or ())),
+                resolution=int(dd["resolution"]),
+            )
+        except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
+            raise VQGANLoadError(
+                f"{path} is not a Chameleon vqgan.yaml ({type(exc).__name__}: {exc}); download it again "
+                "from Lumina-mGPT's ckpts/chameleon/tokenizer/ folder."
+            ) from None
+
+
+def _norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
+
+
+class _ResnetBlock(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.norm1 = _norm(in_channels)
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
+        self.norm2 = _norm(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
+        # A 1x1 projection on the skip path only where the width changes (taming's nin_shortcut).
+        self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1) if in_channels != out_channels else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(F.silu(self.norm2(h)))
+        skip = x if self.nin_shortcut is None else self.nin_shortcut(x)
+        return skip + h
+
+
+class _AttnBlock(nn.Module):
+    """Single-head self-attention over all pixels, with 1x1-conv projections."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = _norm(channels)
+        self.q = nn.Conv2d(channels, channels, 1)
+        self.k = nn.Conv2d(channels, channels, 1)
+        self.v = nn.Conv2d(channels, channels, 1)
+        self.proj_out = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, height, width = x.shape
+        h = self.norm(x)
+
+        def tokens(t: torch.Tensor) -> torch.Tensor:  # [B, C, H, W] -> [B, 1, HW, C]
+            return t.reshape(b, c, height * width).transpose(1, 2).unsqueeze(1)
+
+        # softmax(q k^T / sqrt(C)) v, as in taming; SDPA avoids materialising HW x HW on GPUs.
+        out = F.scaled_dot_product_attention(tokens(self.q(h)), tokens(self.k(h)), tokens(self.v(h)))
+        out = out.squeeze(1).transpose(1, 2).reshape(b, c, height, width)
+        return x + self.proj_out(out)
+
+
+class _Upsample(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class _Decoder(nn.Module):
+    """conv_in -> mid (res, attn, res) -> up levels (coarsest first) -> norm_out -> conv_out."""
+
+    def __init__(self, cfg: VQGANConfig) -> None:
+        super().__init__()
+        levels = len(cfg.ch_mult)
+        block_in = cfg.ch * cfg.ch_mult[-1]
+        res = cfg.resolution // 2 ** (levels - 1)
+        self.conv_in = nn.Conv2d(cfg.z_channels, block_in, 3, padding=1)
+        self.mid = nn.Module()
+        self.mid.block_1 = _ResnetBlock(block_in, block_in)
+        self.mid.attn_1 = _AttnBlock(block_in)
+        self.mid.block_2 = _ResnetBlock(block_in, block_in)
+        # up[i] is level i (i = 0 is the finest); it is built coarsest first, as the checkpoint's
+        # names and the attention placement (by the nominal resolution) depend on that order.
+        ups: Dict[int, nn.Module] = {}
+        for level in reversed(range(levels)):
+            block_out = cfg.ch * cfg.ch_mult[level]
+            up = nn.Module()
+            up.block = nn.ModuleList()
+            up.attn = nn.ModuleList()
+            for _ in range(cfg.num_res_blocks + 1):
+                up.block.append(_ResnetBlock(block_in, block_out))
+                block_in = block_out
+                if res in cfg.attn_resolutions:
+                    up.attn.append(_AttnBlock(block_in))
+            if level != 0:
+                up.upsample = _Upsample(block_in)
+                res *= 2
+            ups[level] = up
+        self.up = nn.ModuleList([ups[level] for level in range(levels)])
+        self.norm_out = _norm(block_in)
+        self.conv_out = nn.Conv2d(block_in, cfg.out_ch, 3, padding=1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        h = self.conv_in(z)
+        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h)))
+        for level in reversed(range(len(self.up))):
+            up = self.up[level]
+            for i, block in enumerate(up.block):
+                h = block(h)
+                if len(up.attn) > 0:
+                    h = up.attn[i](h)
+            if level != 0:
+                h = up.upsample(h)
+        return self.conv_out(F.silu(self.norm_out(h)))
+
+
+class ChameleonVQGANDecoder(nn.Module):
+    """Codes [B, H, W] -> pixels [B, 3, H*f, W*f] in about [-1, 1] (f = cfg.downsample)."""
+
+    def __init__(self, cfg: VQGANConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.quantize = nn.Module()
+        self.quantize.embedding = nn.Embedding(cfg.n_embed, cfg.embed_dim)
+        self.post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.z_channels, 1)
+        self.decoder = _Decoder(cfg)
+
+    @property
+    def downsample(self) -> int:
+        return self.config.downsample
+
+    @torch.inference_mode()
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        weight = self.quantize.embedding.weight
+        z = F.embedding(codes.to(weight.device), weight).permute(0, 3, 1, 2).contiguous()
+        return self.decoder(self.post_quant_conv(z))
+
+    def to_uint8(self, pixels: torch.Tensor) -> torch.Tensor:
+        """[B, 3, H, W] in [-1, 1] -> uint8 [B, H, W, 3] on the CPU (clamped as Meta's code does)."""
+        out = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return out.permute(0, 2, 3, 1).cpu()
+
+
+def _read_state_dict(ckpt_path: Path) -> Dict[str, torch.Tensor]:
+    try:
+        blob = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure lands here
+        if "weights_only" not in str(exc) and "Unsupported" not in str(exc):
+            raise VQGANLoadError(
+                f"{ckpt_path} cannot be read ({type(exc).__name__}); it is probably truncated - "
+                "download vqgan.ckpt again."
+            ) from None
+        # Lightning checkpoints may pickle training state besides the tensors; Meta's file is a
+        # known artifact, so fall back to a full load, loudly.
+        warnings.warn(
+            f"{ckpt_path} holds more than tensors; loading it with full unpickling (only do this for "
+            "the vqgan.ckpt from Meta / Lumina-mGPT).",
+            stacklevel=3,
+        )
+        blob = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    state = blob.get("state_dict", blob) if isinstance(blob, dict) else None
+    if not isinstance(state, dict):
+        raise VQGANLoadError(f"{ckpt_path} has no 'state_dict'; download vqgan.ckpt again.")
+    return state
+
+
+def load_chameleon_vqgan(
+    yaml_path: Path, ckpt_path: Path, device: torch.device, dtype: torch.dtype = torch.float32
+) -> ChameleonVQGANDecoder:
+    """Build the decoder from vqgan.yaml and load its weights from vqgan.ckpt.
+
+    Only decoder-side keys are taken (the encoder and any GAN-loss weights are skipped); a missing
+    or surplus decoder key means the yaml and the checkpoint do not belong together.
+    """
+    cfg = VQGANConfig.from_yaml(yaml_path)
+    state = _read_state_dict(ckpt_path)
+    wanted = ("decoder.", "post_quant_conv.", "quantize.embedding.")
+    state = {k: v for k, v in state.items() if k.startswith(wanted)}
+    with torch.device("meta"):
+        model = ChameleonVQGANDecoder(cfg)
+    expected = set(model.state_dict())
+    missing, surplus = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or surplus:
+        detail = f"missing {missing[:3]}" if missing else f"unexpected {surplus[:3]}"
+        raise VQGANLoadError(
+            f"{ckpt_path} does not match {yaml_path.name} ({detail}); download both files again "
+            "from the same ckpts/chameleon/tokenizer/ folder."
+        )
+    for key, tensor in model.state_dict().items():
+        if tuple(state[key].shape) != tuple(tensor.shape):
+            raise VQGANLoadError(
+                f"{ckpt_path} does not match {yaml_path.name} ({key} has shape "
+                f"{tuple(state[key].shape)}, expected {tuple(tensor.shape)}); download both files again."
+            )
+    model.load_state_dict(state, assign=True)
+    return model.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,154 @@
+"""Emu3 (BAAI/Emu3-Gen-hf): transformers' Emu3ForConditionalGeneration, Emu3Processor, Emu3VQVAE.
+
+Sequence (transformers' Emu3 image-generation example and test):
+    <bos> prompt <|image start|> "{h}*{w}" <|image token|>          <- prompt, from Emu3Processor
+    (w visual tokens, EOL <|extra_200|>) x h, EOF <|extra_201|>, <|image end|>, <eos>   <- sampled
+h*(w+1)+3 tokens, exactly what `decode_image_tokens` wants. CFG's unconditional stream is the
+negative prompt through the same processor call (the reference's default negative prompt when
+none is given).
+
+Resolutions: aspect ratios at the checkpoint's image area (config.json `image_area`, which the
+original Emu3-Gen config carries; 720x720 = 518400 otherwise). The sampler's token space is the
+visual tokens in code order (sampler id c = VQ code c), then EOL, EOF, end-of-image, EOS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from PIL import Image
+from transformers import Emu3ForConditionalGeneration, Emu3Processor
+
+from .adapters import ImageHeadAdapter
+from .hf_common import free_model, load_pretrained, pixels_to_pil, require_any
+from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
+from .loader import ModelLoadError, require_safetensors
+
+REPO_HINT = "BAAI/Emu3-Gen-hf"
+DEFAULT_IMAGE_AREA = 720 * 720
+RATIOS = ("1:1", "4:3", "3:4", "16:9", "9:16")
+# Emu3's reference negative prompt (BAAI/Emu3-Gen image_generation.py).
+DEFAULT_NEGATIVE_PROMPT = (
+    "lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
+    "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
+    "username, blurry."
+)
+
+
+@dataclass(frozen=True)
+class Emu3Size:
+    ratio: str
+    rows: int  # visual tokens per column (h)
+    cols: int  # visual tokens per row (w)
+
+
+class Emu3ImageModel(ARImageModel):
+    family = "emu3"
+    supports_device_map = True
+
+    def __init__(self, model: Emu3ForConditionalGeneration, processor: Emu3Processor, image_area: int) -> None:
+        self.model = model
+        self.processor = processor
+        self.image_area = image_area
+        tok = processor.tokenizer
+        mapping = model.vocabulary_mapping
+        img2bpe = mapping.img2bpe
+        num_codes = len(img2bpe)
+        if sorted(img2bpe) != list(range(num_codes)) or num_codes != model.config.vq_config.codebook_size:
+            raise ModelLoadError(
+                f"config.json names {num_codes} visual tokens but the VQ codebook has "
+                f"{model.config.vq_config.codebook_size} codes; download config.json of {REPO_HINT} again."
+            )
+        specials = [mapping.eol_token_id, tok.eof_token_id, tok.convert_tokens_to_ids(tok.eoi_token), tok.eos_token_id]
+        if any(s is None for s in specials):
+            raise ModelLoadError(
+                f"The Emu3 tokenizer lacks end-of-line/end-of-image tokens; download the tokenizer and "
+                f"processor files of {REPO_HINT} again."
+            )
+        self.num_codes = num_codes
+        self.token_space = torch.tensor([img2bpe[c] for c in range(num_codes)] + specials, dtype=torch.long)
+        self.eol_id = num_codes  # sampler ids of EOL, EOF, EOI, EOS follow the codes
+        self.tail = (num_codes + 1, num_codes + 2, num_codes + 3)
+        vq_factor = 2 ** (len(model.config.vq_config.channel_multiplier) - 1)
+        self.sizes: Dict[str, Emu3Size] = {}
+        for ratio in RATIOS:
+            rows, cols = processor.calculate_generate_size(ratio, image_area, processor.downsample_ratio)
+            self.sizes.setdefault(f"{cols * vq_factor}x{rows * vq_factor}", Emu3Size(ratio, rows, cols))
+        # Reference settings (Emu3-Gen README): CFG 3.0, top-k 2048, temperature 1.0.
+        self.defaults = FamilyDefaults(resolutions=tuple(self.sizes), cfg_scale=3.0, temperature=1.0, top_k=2048)
+        self.token_model = ImageHeadAdapter(model, model.model, self.token_space)
+
+    # --- loading ------------------------------------------------------------------------------
+    @classmethod
+    def matches(cls, folder: Path, config: dict) -> bool:
+        return config.get("model_type") == "emu3"
+
+    @classmethod
+    def load(
+        cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device, device_map: Optional[str] = None
+    ) -> "Emu3ImageModel":
+        fix = f"download the tokenizer and processor files of {REPO_HINT} into the folder."
+        require_any(folder, ["tokenizer.json", "vocab.json"], "tokenizer files", fix)
+        require_any(folder, ["processor_config.json", "preprocessor_config.json"], "processor config", fix)
+        if not isinstance(config.get("vocabulary_map"), dict):
+            raise ModelLoadError(
+                f"{folder / 'config.json'} has no vocabulary_map; download config.json of {REPO_HINT} again."
+            )
+        require_safetensors(folder, REPO_HINT)
+        try:
+            processor = Emu3Processor.from_pretrained(folder)
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            raise ModelLoadError(f"The Emu3 processor in {folder} cannot be loaded ({exc}); {fix}") from None
+        model = load_pretrained(Emu3ForConditionalGeneration, folder, dtype, device, device_map)
+        return cls(model, processor, int(config.get("image_area", DEFAULT_IMAGE_AREA)))
+
+    # --- prompts ------------------------------------------------------------------------------
+    def layout(self, resolution: str) -> ImageLayout:
+        size = self.sizes[resolution]
+        return ImageLayout(rows=size.rows, cols=size.cols, row_end=self.eol_id, tail=self.tail)
+
+    def _ids(self, text: str, size: Emu3Size) -> torch.Tensor:
+        out = self.processor(
+            text=text, return_for_image_generation=True, ratio=size.ratio, image_area=self.image_area
+        )
+        if [list(s) for s in out["image_sizes"]] != [[size.rows, size.cols]]:
+            raise ValueError(f"Emu3Processor chose {out['image_sizes']} tokens, expected {size}.")
+        return torch.as_tensor(out["input_ids"][0]).long().reshape(-1)
+
+    def encode_prompt(self, prompt: str, negative_prompt: str = "", resolution: Optional[str] = None) -> PromptEncoding:
+        resolution = self.check_resolution(resolution)
+        size = self.sizes[resolution]
+        layout = self.layout(resolution)
+        return PromptEncoding(
+            prompt_ids=self._ids(prompt, size),
+            uncond_ids=self._ids(negative_prompt.strip() or DEFAULT_NEGATIVE_PROMPT, size),
+            layout=layout,
+            constraints=layout.constraints(self.token_model.vocab_size, torch.arange(self.num_codes)),
+            resolution=resolution,
+        )
+
+    # --- pixels -------------------------------------------------------------------------------
+    def _resolution_of(self, tokens: torch.Tensor, resolution: Optional[str]) -> str:
+        if resolution is not None:
+            return self.check_resolution(resolution)
+        matches = [r for r in self.sizes if self.layout(r).num_tokens == tokens.shape[-1]]
+        if len(matches) != 1:
+            raise ValueError(f"{tokens.shape[-1]} tokens do not identify an Emu3 resolution; pass resolution=.")
+        return matches[0]
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
+        tokens = tokens.reshape(-1, tokens.shape[-1]).cpu()
+        size = self.sizes[self._resolution_of(tokens, resolution)]
+        # Back to the model's ids (codes outside the codebook cannot occur: constraints forbid them).
+        bpe = self.token_space[tokens.clamp(0, len(self.token_space) - 1)]
+        device = self.model.model.vqmodel.quantize.embedding.weight.device
+        pixels = self.model.decode_image_tokens(image_tokens=bpe.to(device), height=size.rows, width=size.cols)
+        return pixels_to_pil(pixels)
+
+    def unload(self) -> None:
+        self.token_model.release()
+        free_model(self.model)

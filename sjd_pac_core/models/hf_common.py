@@ -1,0 +1,55 @@
+"""Small pieces shared by the Hugging Face families (Lumina-mGPT, Emu3, Janus-Pro)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional, Type
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import PreTrainedModel
+
+from .loader import ModelLoadError
+
+
+def pixels_to_pil(pixels: torch.Tensor, channels_last: bool = False) -> List[Image.Image]:
+    """Float images in about [-1, 1] ([B, 3, H, W], or [B, H, W, 3]) -> PIL images (clamped first)."""
+    if not channels_last:
+        pixels = pixels.permute(0, 2, 3, 1)
+    arrays = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().numpy()
+    return [Image.fromarray(np.ascontiguousarray(a)) for a in arrays]
+
+
+def require_any(folder: Path, names: List[str], what: str, fix: str) -> Path:
+    """The first of `names` that exists in folder, else one sentence naming what to download."""
+    for name in names:
+        if (folder / name).is_file():
+            return folder / name
+    raise ModelLoadError(f"{folder} has no {what} ({' or '.join(names)}); {fix}")
+
+
+def load_pretrained(
+    cls: Type[PreTrainedModel], folder: Path, dtype: torch.dtype, device: torch.device, device_map: Optional[str]
+) -> PreTrainedModel:
+    """from_pretrained on one device, or spread by accelerate when device_map is "auto"."""
+    try:
+        if device_map is not None:
+            model = cls.from_pretrained(folder, dtype=dtype, device_map=device_map)
+        else:
+            model = cls.from_pretrained(folder, dtype=dtype).to(device)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(
+            f"Loading the weights in {folder} failed ({type(exc).__name__}: {str(exc)[:200]}); "
+            "download the checkpoint again or check that it matches config.json."
+        ) from exc
+    return model.eval()
+
+
+def free_model(model: Optional[torch.nn.Module]) -> None:
+    """Move weights off the GPU (ComfyUI's unload hook); accelerate-dispatched models stay put."""
+    if model is None or getattr(model, "hf_device_map", None):
+        return
+    model.to("cpu")
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,116 @@
+"""Janus-Pro (deepseek-community/Janus-Pro-1B / -7B): transformers' JanusForConditionalGeneration.
+
+Image generation bypasses the text vocabulary: image codes are embedded with
+`prepare_embeddings_for_image_generation` and scored by `model.model.generation_head`, so the
+sampler's token space is the VQ codebook itself (16384 codes) and there are no forced tokens: a
+24x24 grid (384x384 pixels), 576 tokens, no end-of-line.
+
+Prompt: the chat template with the user's text, then the processor in `generation_mode="image"`
+(appends the begin-of-image token). CFG (as JanusForConditionalGeneration.generate): the
+unconditional row is the same prompt with every token except BOS and begin-of-image replaced by pad.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+from PIL import Image
+from transformers import JanusForConditionalGeneration, JanusProcessor
+
+from .adapters import GenerationHeadAdapter
+from .hf_common import free_model, load_pretrained, pixels_to_pil, require_any
+from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
+from .loader import ModelLoadError, require_safetensors
+
+REPO_HINT = "deepseek-community/Janus-Pro-7B (or -1B)"
+
+
+class JanusImageModel(ARImageModel):
+    family = "janus"
+    supports_device_map = True
+
+    def __init__(self, model: JanusForConditionalGeneration, processor: JanusProcessor) -> None:
+        self.model = model
+        self.processor = processor
+        vision, vq = model.config.vision_config, model.config.vq_config
+        grid = vision.image_size // vision.patch_size
+        if grid * grid != vision.num_image_tokens:
+            raise ModelLoadError(
+                f"config.json is inconsistent ({grid}x{grid} patches but num_image_tokens="
+                f"{vision.num_image_tokens}); download config.json of {REPO_HINT} again."
+            )
+        self.num_codes = vq.num_embeddings
+        pixels = grid * 2 ** (len(vq.channel_multiplier) - 1)
+        self.resolution = f"{pixels}x{pixels}"
+        self.layout = ImageLayout(rows=grid, cols=grid)
+        self.constraints = self.layout.constraints(self.num_codes, torch.arange(self.num_codes))
+        tok = processor.tokenizer
+        gen = model.generation_config
+        boi = (getattr(gen, "generation_kwargs", None) or {}).get("boi_token_id")
+        self.bos_id = gen.bos_token_id if gen.bos_token_id is not None else tok.bos_token_id
+        self.boi_id = boi if boi is not None else tok.convert_tokens_to_ids(tok.boi_token)
+        self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else tok.pad_token_id
+        if None in (self.bos_id, self.boi_id, self.pad_id):
+            raise ModelLoadError(
+                f"The Janus tokenizer/generation config lacks BOS, begin-of-image or pad; download "
+                f"generation_config.json and the tokenizer files of {REPO_HINT} again."
+            )
+        # Reference settings (JanusForConditionalGeneration.generate / Janus-Pro demo): CFG 5,
+        # temperature 1, no top-k.
+        self.defaults = FamilyDefaults(resolutions=(self.resolution,), cfg_scale=5.0, temperature=1.0)
+        self.token_model = GenerationHeadAdapter(model, self.num_codes)
+
+    # --- loading ------------------------------------------------------------------------------
+    @classmethod
+    def matches(cls, folder: Path, config: dict) -> bool:
+        return config.get("model_type") == "janus"
+
+    @classmethod
+    def load(
+        cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device, device_map: Optional[str] = None
+    ) -> "JanusImageModel":
+        fix = f"download the tokenizer and processor files of {REPO_HINT} into the folder."
+        require_any(folder, ["tokenizer.json", "tokenizer.model"], "tokenizer files", fix)
+        require_any(folder, ["processor_config.json", "preprocessor_config.json"], "processor config", fix)
+        require_safetensors(folder, REPO_HINT)
+        try:
+            processor = JanusProcessor.from_pretrained(folder)
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            raise ModelLoadError(f"The Janus processor in {folder} cannot be loaded ({exc}); {fix}") from None
+        model = load_pretrained(JanusForConditionalGeneration, folder, dtype, device, device_map)
+        return cls(model, processor)
+
+    # --- prompts ------------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str, negative_prompt: str = "", resolution: Optional[str] = None) -> PromptEncoding:
+        resolution = self.check_resolution(resolution)
+        text = prompt.strip()
+        if self.processor.chat_template is not None:
+            messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
+            text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
+        ids = torch.as_tensor(self.processor(text=text, generation_mode="image")["input_ids"][0]).long().reshape(-1)
+        keep = (ids == self.bos_id) | (ids == self.boi_id)
+        warnings: List[str] = []
+        if negative_prompt.strip():
+            warnings.append(
+                "Janus-Pro ignores negative prompts; guidance uses the padded prompt, as its reference code does."
+            )
+        return PromptEncoding(
+            prompt_ids=ids,
+            uncond_ids=torch.where(keep, ids, torch.full_like(ids, self.pad_id)),
+            layout=self.layout,
+            constraints=self.constraints,
+            resolution=resolution,
+            warnings=warnings,
+        )
+
+    # --- pixels -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
+        codes = tokens.reshape(-1, self.layout.num_tokens).clamp(0, self.num_codes - 1)
+        device = self.model.model.vqmodel.quantize.embedding.weight.device
+        return pixels_to_pil(self.model.decode_image_tokens(codes.to(device)), channels_last=True)
+
+    def unload(self) -> None:
+        free_model(self.model)

@@ -1,0 +1,430 @@
+"""The ComfyUI node pack as plain Python (no ComfyUI here): node definitions, runs on the demo
+model, VALIDATE_INPUTS, and the progress / preview / Cancel / free-memory paths through
+nodes/comfy_bridge.py, whose hooks are the only seam (tests inject plain callables into it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import List
+
+import pytest
+import torch
+from PIL import Image
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_WEIGHTS = REPO / "sjd_pac_core" / "demo" / "weights" / "config.json"
+PACK_NAME = "sjd_pac_comfy_pack"  # the repo root, imported the way ComfyUI imports custom_nodes/sjd-pac
+
+OUR_NODES = ["LoadARImageModel", "SJDPACSampler", "DecodeARImageTokens", "SJDStats", "SJDPACTextToImage"]
+SOCKET_TYPES = {"AR_IMAGE_MODEL", "AR_IMAGE_TOKENS", "SJD_STATS", "IMAGE"}
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}
+
+
+def load_pack():
+    """Import the repo root's __init__.py as a package (like ComfyUI's load_custom_node)."""
+    if PACK_NAME in sys.modules:
+        return sys.modules[PACK_NAME]
+    spec = importlib.util.spec_from_file_location(
+        PACK_NAME, REPO / "__init__.py", submodule_search_locations=[str(REPO)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[PACK_NAME] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def submodule(name: str):
+    load_pack()
+    return sys.modules[f"{PACK_NAME}.nodes.{name}"]
+
+
+@pytest.fixture(scope="session")
+def pack():
+    return load_pack()
+
+
+@pytest.fixture(scope="session")
+def model_setup(tmp_path_factory, request):
+    """(loader choice, model root or None): the bundled demo model once its weights exist, else a
+    smoke-trained demo checkpoint placed in a models/autoregressive-like folder."""
+    if DEMO_WEIGHTS.is_file():
+        return "demo", None
+    folder = request.getfixturevalue("smoke_demo_folder")
+    root = tmp_path_factory.mktemp("autoregressive")
+    (root / "demo-smoke").symlink_to(folder, target_is_directory=True)
+    return "demo-smoke", str(root)
+
+
+@pytest.fixture
+def bridge(pack, model_setup):
+    """The bridge with the model root injected; every injected hook is removed afterwards."""
+    b = submodule("comfy_bridge")
+    b.reset_hooks()
+    _, root = model_setup
+    if root is not None:
+        b.hooks.model_roots = lambda: [root]
+    yield b
+    b.reset_hooks()
+
+
+@pytest.fixture
+def handle(pack, bridge, model_setup):
+    choice, _ = model_setup
+    (h,) = pack.NODE_CLASS_MAPPINGS["LoadARImageModel"]().load(choice, "auto", "cpu")
+    return h
+
+
+def sampler_args(**overrides) -> dict:
+    args = dict(prompt="a red circle on a blue background", negative_prompt="", resolution="default", seed=3,
+                cfg=3.0, temperature=1.0, top_k=0, top_p=1.0, method="sjd_pac", window=32, tree_depth=3,
+                tree_width=4, verify="gumbel", batch_size=1)
+    args.update(overrides)
+    return args
+
+
+def one_sentence(message: str) -> bool:
+    return isinstance(message, str) and message.endswith(".") and len(re.findall(r"[.;!?] [A-Z]", message)) == 0
+
+
+# --- import hygiene ------------------------------------------------------------------------------
+def test_root_imports_without_comfyui(pack):
+    assert sorted(pack.NODE_CLASS_MAPPINGS) == sorted(OUR_NODES)
+    assert set(pack.NODE_DISPLAY_NAME_MAPPINGS) == set(OUR_NODES)
+    assert (REPO / pack.WEB_DIRECTORY / "sjd_pac.js").is_file()
+    assert "folder_paths" not in sys.modules and "comfy.model_management" not in sys.modules
+    assert not submodule("comfy_bridge").in_comfyui()
+    for path in (REPO / "sjd_pac_core").rglob("*.py"):  # the library never reaches for the nodes
+        text = path.read_text()
+        assert not re.search(r"^\s*(from|import)\s+(nodes|comfy|folder_paths|server)\b", text, re.M), path
+
+
+# --- node definitions ----------------------------------------------------------------------------
+def _check_input(node: str, name: str, spec) -> None:
+    assert isinstance(spec, tuple) and 1 <= len(spec) <= 2, (node, name)
+    kind, opts = spec[0], (spec[1] if len(spec) > 1 else {})
+    assert opts.get("tooltip"), f"{node}.{name} has no tooltip"
+    if isinstance(kind, list):
+        assert kind and all(isinstance(c, str) for c in kind), (node, name)
+        assert opts.get("default", kind[0]) in kind, (node, name)
+        return
+    assert kind in WIDGET_TYPES | SOCKET_TYPES, (node, name, kind)
+    if kind in ("INT", "FLOAT"):
+        lo, hi, default = opts["min"], opts["max"], opts["default"]
+        assert lo <= default <= hi, (node, name)
+        assert isinstance(default, int if kind == "INT" else float), (node, name)
+    if kind == "STRING":
+        assert isinstance(opts.get("default", ""), str)
+
+
+@pytest.mark.parametrize("name", OUR_NODES)
+def test_input_types_are_valid_for_comfyui(pack, bridge, name):
+    cls = pack.NODE_CLASS_MAPPINGS[name]
+    spec = cls.INPUT_TYPES()
+    assert set(spec) <= {"required", "optional", "hidden"} and spec["required"]
+    for section in ("required", "optional"):
+        for inp, s in spec.get(section, {}).items():
+            _check_input(name, inp, s)
+    assert callable(getattr(cls, cls.FUNCTION))
+    assert len(cls.RETURN_TYPES) == len(cls.RETURN_NAMES) == len(cls.OUTPUT_TOOLTIPS)
+    assert cls.CATEGORY == "sjd-pac" and cls.DESCRIPTION
+    if "unique_id" in spec.get("hidden", {}):
+        assert spec["hidden"]["unique_id"] == "UNIQUE_ID"
+
+
+def test_sampler_seed_and_resolution_widgets(pack, handle):
+    req = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"].INPUT_TYPES()["required"]
+    assert req["seed"][1]["control_after_generate"] is True
+    assert req["prompt"][1]["multiline"] is True
+    resolutions = req["resolution"][0]
+    assert resolutions[0] == "default" and set(handle.resolutions) <= set(resolutions)
+
+
+# --- loader --------------------------------------------------------------------------------------
+def test_loader_lists_demo_first_and_reuses_the_loaded_model(pack, bridge, model_setup):
+    choice, _ = model_setup
+    loader_cls = pack.NODE_CLASS_MAPPINGS["LoadARImageModel"]
+    choices = loader_cls.INPUT_TYPES()["required"]["model"][0]
+    assert choices[0] == "demo" and choice in choices
+    cache = submodule("model_cache")
+    (a,) = loader_cls().load(choice, "auto", "cpu")
+    before = cache.load_count()
+    (b,) = loader_cls().load(choice, "auto", "cpu")  # a second loader node, same settings
+    assert cache.load_count() == before and a.get() is b.get()
+    assert a.family == "demo" and "64x64" in a.resolutions
+    (c,) = loader_cls().load(choice, "fp32", "cpu")  # other settings: another cache entry
+    assert c.key != a.key and cache.load_count() == before + 1
+    assert a.get() is b.get()  # ... and the first one is still there (no last-loader-wins state)
+
+
+def test_loader_rejects_missing_model_with_the_fix(pack, bridge):
+    loader_cls = pack.NODE_CLASS_MAPPINGS["LoadARImageModel"]
+    message = loader_cls.VALIDATE_INPUTS("lumina-mgpt-7b-768", "auto", "auto")
+    assert "models/autoregressive" in message and one_sentence(message)
+    assert loader_cls.VALIDATE_INPUTS("demo", "auto", "auto") is True
+    with pytest.raises(ValueError, match="models/autoregressive"):
+        loader_cls().load("lumina-mgpt-7b-768", "auto", "cpu")
+
+
+# --- sampler, decoder, stats ---------------------------------------------------------------------
+def test_sampler_decoder_and_stats_with_live_progress(pack, bridge, handle):
+    progress, events = [], []
+    bridge.hooks.progress = lambda value, total, preview: progress.append((value, total, preview))
+    bridge.hooks.event = lambda name, data: events.append((name, data))
+    nodes = pack.NODE_CLASS_MAPPINGS
+    tokens, stats = nodes["SJDPACSampler"]().sample(handle, **sampler_args(batch_size=2), unique_id="7")
+
+    n = 272
+    assert tokens.tokens.shape == (2, n) and tokens.tokens.dtype == torch.long
+    assert tokens.resolution == "64x64" and tokens.seeds == [3, 4] and tokens.model is handle
+    assert len(stats.runs) == 2 and stats.tokens_committed == 2 * n and stats.method == "sjd_pac"
+
+    values = [v for v, _, _ in progress]  # the bar advances with committed tokens, to the end
+    assert values == sorted(values) and values[-1] == 2 * n and {t for _, t, _ in progress} == {2 * n}
+    assert len(progress) == stats.forward_passes
+    previews = [p for _, _, p in progress if p is not None]
+    assert previews and all(isinstance(p, Image.Image) for p in previews)
+    assert {name for name, _ in events} == {"sjd_pac.progress"}
+    data = [d for _, d in events]
+    assert data[0]["reset"] and data[0]["node"] == "7" and data[-1]["done"]
+    assert sum(sum(d["accepted"]) for d in data) == 2 * n  # the chart sees every pass
+    assert data[-1]["step_compression"] == pytest.approx(stats.runs[-1].step_compression, abs=1e-3)
+
+    (image,) = nodes["DecodeARImageTokens"]().decode(tokens)
+    assert image.shape == (2, 64, 64, 3) and image.dtype == torch.float32
+    assert 0.0 <= float(image.min()) and float(image.max()) <= 1.0
+
+    out = nodes["SJDStats"]().report(stats)
+    plot, summary = out["result"]
+    assert plot.ndim == 4 and plot.shape[0] == 1 and plot.shape[-1] == 3 and plot.dtype == torch.float32
+    assert out["ui"]["text"] == [summary] and "step compression" in summary and "forward passes" in summary
+
+
+def test_speedup_against_an_ar_run_of_the_same_job(pack, bridge, handle):
+    submodule("speedup").clear()
+    nodes = pack.NODE_CLASS_MAPPINGS
+    sampler = nodes["SJDPACSampler"]()
+    _, pac = sampler.sample(handle, **sampler_args(seed=11))
+    before = nodes["SJDStats"]().report(pac)["result"][1]
+    assert "no AR run" in before
+    ar_tokens, ar = sampler.sample(handle, **sampler_args(seed=11, method="ar"))
+    assert ar.forward_passes == 272
+    for text in (nodes["SJDStats"]().report(pac)["result"][1],  # from the registry
+                 nodes["SJDStats"]().report(pac, ar_baseline=ar)["result"][1]):  # explicit link
+        assert "speedup vs AR" in text and "fewer forward passes" in text
+        assert "tokens identical to AR (gumbel, seed-exact): yes" in text
+    assert torch.equal(ar_tokens.tokens, pac.tokens)
+    with pytest.raises(ValueError, match="method is ar"):
+        nodes["SJDStats"]().report(ar, ar_baseline=pac)
+
+
+def test_text_to_image_node(pack, bridge, handle):
+    image, stats = pack.NODE_CLASS_MAPPINGS["SJDPACTextToImage"]().generate(handle, "a blue square", 5, "sjd")
+    assert image.shape == (1, 64, 64, 3) and image.dtype == torch.float32 and stats.method == "sjd"
+
+
+def test_resolution_is_checked_against_the_model_at_run_time(pack, bridge, handle):
+    import sjd_pac_core as sp
+
+    calls: List[int] = []
+    bridge.hooks.progress = lambda *a: calls.append(1)
+    with pytest.raises(sp.ConfigError, match="64x64") as info:
+        pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(handle, **sampler_args(resolution="768x768"))
+    assert one_sentence(str(info.value)) and not calls  # failed before any model work
+
+
+# --- VALIDATE_INPUTS -----------------------------------------------------------------------------
+GOOD = dict(cfg=3.0, temperature=1.0, top_k=0, top_p=1.0, method="sjd_pac", window=32, tree_depth=3,
+            tree_width=4, verify="rejection", batch_size=1)
+
+
+@pytest.mark.parametrize("bad, word", [
+    (dict(temperature=0.0), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(window=0), "window"),
+    (dict(cfg=-1.0), "cfg"),
+    (dict(batch_size=0), "batch_size"),
+    (dict(method="fast"), "method"),
+    (dict(verify="exact"), "verify"),
+    (dict(top_k=2, tree_width=4), "tree_width"),
+    (dict(tree_depth=9), "tree_depth"),
+])
+def test_validate_inputs_rejects_bad_knobs_with_the_fix(pack, bad, word):
+    for name in ("SJDPACSampler",):
+        message = pack.NODE_CLASS_MAPPINGS[name].VALIDATE_INPUTS(**{**GOOD, **bad})
+        assert message is not True and word in message and one_sentence(message), message
+
+
+def test_validate_inputs_accepts_good_and_linked_knobs(pack):
+    cls = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]
+    assert cls.VALIDATE_INPUTS(**GOOD) is True
+    assert cls.VALIDATE_INPUTS(**{**GOOD, "top_k": 2, "tree_width": 4, "method": "sjd"}) is True  # no tree
+    assert cls.VALIDATE_INPUTS(**{**GOOD, "window": None}) is True  # a linked input is checked at run time
+    assert pack.NODE_CLASS_MAPPINGS["SJDPACTextToImage"].VALIDATE_INPUTS(method="ar") is True
+    assert "method" in pack.NODE_CLASS_MAPPINGS["SJDPACTextToImage"].VALIDATE_INPUTS(method="x")
+
+
+# --- Cancel, headless, ComfyUI seams -------------------------------------------------------------
+class Cancelled(Exception):
+    pass
+
+
+def test_cancel_stops_within_one_forward_pass(pack, bridge, handle):
+    passes = []
+    bridge.hooks.progress = lambda value, total, preview: passes.append(value)
+
+    def interrupt():
+        if len(passes) >= 3:  # the user pressed Cancel during the 4th forward pass
+            raise Cancelled()
+
+    bridge.hooks.interrupt = interrupt
+    sampler = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]()
+    with pytest.raises(Cancelled):
+        sampler.sample(handle, **sampler_args(method="ar"))
+    assert len(passes) == 3  # no pass after the one during which Cancel came
+    bridge.hooks.interrupt = None
+    tokens, _ = sampler.sample(handle, **sampler_args(method="sjd"))  # the model is usable again
+    assert tokens.tokens.shape == (1, 272)
+
+
+def test_bridge_is_a_no_op_headless(bridge):
+    bridge.check_interrupted()
+    bridge.send_event("sjd_pac.progress", {"node": "1"})
+    bridge.ProgressSink(10, "1").update(5, Image.new("RGB", (8, 8)))
+    bridge.register_model_folder()
+    bridge.soft_empty_cache()
+    bridge.free_memory_for(1 << 20, "cuda")
+    assert bridge.install_free_memory_hook(lambda *a: None) is False
+    assert bridge.choose_device("cpu") == "cpu" and bridge.choose_device("auto") == "auto"
+
+
+@pytest.fixture
+def fake_comfyui(monkeypatch, tmp_path, bridge):
+    """Just enough of ComfyUI's module surface for the bridge's own calls (not the sampler's)."""
+    state = {"free": 0, "freed": [], "interrupted": False, "bars": [], "sent": []}
+    mm = types.ModuleType("comfy.model_management")
+    mm.get_torch_device = lambda: torch.device("cpu")  # ComfyUI started with --cpu
+    mm.get_free_memory = lambda dev=None: state["free"]
+    mm.free_memory = lambda required, device, keep_loaded=(): state["freed"].append((required, str(device)))
+    mm.soft_empty_cache = lambda force=False: None
+
+    class InterruptProcessingException(Exception):
+        pass
+
+    def throw():
+        if state["interrupted"]:
+            state["interrupted"] = False
+            raise InterruptProcessingException()
+
+    mm.InterruptProcessingException = InterruptProcessingException
+    mm.throw_exception_if_processing_interrupted = throw
+    fp = types.ModuleType("folder_paths")
+    fp.models_dir = str(tmp_path / "models")
+    fp.folder_names_and_paths = {"autoregressive": ([str(tmp_path / "extra")], set())}  # from extra_model_paths.yaml
+
+    def add_model_folder_path(name, path, is_default=False):
+        paths = fp.folder_names_and_paths.setdefault(name, ([], set()))[0]
+        if path not in paths:
+            paths.insert(0, path) if is_default else paths.append(path)
+
+    fp.add_model_folder_path = add_model_folder_path
+    fp.get_folder_paths = lambda name: list(fp.folder_names_and_paths[name][0])
+    utils = types.ModuleType("comfy.utils")
+
+    class ProgressBar:
+        def __init__(self, total, node_id=None):
+            self.total, self.node_id = total, node_id
+
+        def update_absolute(self, value, total=None, preview=None):
+            state["bars"].append((value, total, preview, self.node_id))
+
+    utils.ProgressBar = ProgressBar
+    server = types.ModuleType("server")
+
+    class Instance:
+        client_id = "client-1"
+
+        def send_sync(self, event, data, sid=None):
+            state["sent"].append((event, data, sid))
+
+    server.PromptServer = types.SimpleNamespace(instance=Instance())
+    for name, module in {"comfy.model_management": mm, "folder_paths": fp, "comfy.utils": utils, "server": server}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(bridge, "_hook_installed", False)
+    return state, mm, fp
+
+
+def test_bridge_inside_comfyui(bridge, fake_comfyui, tmp_path):
+    state, mm, fp = fake_comfyui
+    bridge.reset_hooks()
+    assert bridge.in_comfyui()
+    bridge.register_model_folder()  # default folder first, the extra_model_paths.yaml entry kept
+    assert bridge.model_roots() == [str(tmp_path / "models" / "autoregressive"), str(tmp_path / "extra")]
+    assert bridge.choose_device("auto") == "cpu"
+    with pytest.raises(ValueError, match="--cpu"):
+        bridge.choose_device("gpu")
+    bar = bridge.ProgressSink(100, "5")
+    bar.update(40, Image.new("RGBA", (8, 8)))
+    value, total, preview, node = state["bars"][-1]
+    assert (value, total, node) == (40, 100, "5") and preview[0] == "JPEG" and preview[1].mode == "RGB"
+    bridge.send_event("sjd_pac.progress", {"node": "5"})
+    assert state["sent"] == [("sjd_pac.progress", {"node": "5"}, "client-1")]
+    state["interrupted"] = True
+    with pytest.raises(mm.InterruptProcessingException):
+        bridge.check_interrupted()
+
+    released = []
+    original = mm.free_memory
+    assert bridge.install_free_memory_hook(lambda dev, need: released.append((str(dev), need)))
+    assert mm.free_memory is not original and bridge.install_free_memory_hook(lambda *a: None)
+    state["free"] = 10
+    mm.free_memory(1e30, torch.device("cuda", 0))  # "Unload models": ours must go too
+    assert state["freed"] == [(1e30, "cuda:0")] and released and released[0][0] == "cuda:0"
+    released.clear()
+    mm.free_memory(5, torch.device("cuda", 0))  # enough memory left: ours stay
+    mm.free_memory(1e30, torch.device("cpu"))  # nothing to move off a GPU
+    assert released == []
+
+
+def test_interrupt_exception_from_comfyui_frees_and_propagates(pack, bridge, fake_comfyui, handle):
+    state, mm, _ = fake_comfyui
+    bridge.reset_hooks()
+    bridge.hooks.model_roots = None
+    calls = []
+    bridge.hooks.progress = lambda *a: (calls.append(1), state.__setitem__("interrupted", len(calls) >= 2))
+    with pytest.raises(mm.InterruptProcessingException):
+        pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(handle, **sampler_args(method="ar"))
+    assert len(calls) == 2
+
+
+def test_release_device_unloads_gpu_models_only(pack, bridge, handle):
+    cache = submodule("model_cache")
+    handle.get()
+    keys = cache.loaded_keys()
+    assert cache.release_device(torch.device("cuda", 0)) == 0  # our test models live on the CPU
+    assert cache.loaded_keys() == keys
+
+
+# --- web extension -------------------------------------------------------------------------------
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_web_chart_logic(tmp_path):
+    script = tmp_path / "t.mjs"
+    script.write_text(
+        f'import {{ applyProgress, chartLabel }} from "{REPO / "web" / "sjd_pac_chart.js"}";\n'
+        'let c = applyProgress(null, {reset: true, accepted: [1, 5], passes: 2, committed: 6, num_tokens: 272,'
+        ' method: "sjd_pac", image: 0, batch_size: 1, step_compression: 3, done: false});\n'
+        'c = applyProgress(c, {accepted: [10], passes: 3, committed: 16, num_tokens: 272, step_compression: 5.33,'
+        ' done: true, image: 0, batch_size: 1});\n'
+        'console.log(JSON.stringify({a: c.accepted, c: c.compression, done: c.done, label: chartLabel(c)}));\n'
+    )
+    out = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert '"a":[1,5,10]' in out.stdout and '"c":[1,3,5.333333333333333]' in out.stdout
+    assert '"done":true' in out.stdout and "16/272 tokens" in out.stdout
+    check = subprocess.run(["node", "--check", str(REPO / "web" / "sjd_pac.js")], capture_output=True, timeout=30)
+    assert check.returncode == 0, check.stderr

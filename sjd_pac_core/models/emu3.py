@@ -135,6 +135,8 @@ class Emu3ImageModel(ARImageModel):
         if resolution is not None:
             return self.check_resolution(resolution)
         matches = [r for r in self.sizes if self.layout(r).num_tokens == tokens.shape[-1]]
+        if self.defaults.resolution in matches:  # e.g. 90x91 and 91x90 have equal lengths
+            return self.defaults.resolution
         if len(matches) != 1:
             raise ValueError(f"{tokens.shape[-1]} tokens do not identify an Emu3 resolution; pass resolution=.")
         return matches[0]

@@ -116,6 +116,7 @@ class LuminaMGPTImageModel(ARImageModel):
         self.vqgan = vqgan
         self.text_tokenizer = text_tokenizer
         self.vocab = vocab
+        self.num_codes = vocab.num_codes
         # Reference settings (Lumina-mGPT inference_solver): CFG 3.0 (its README uses 4.0), image
         # top-k 2000, temperature 1.0.
         self.defaults = FamilyDefaults(
@@ -167,12 +168,13 @@ class LuminaMGPTImageModel(ARImageModel):
             ) from None
         require_safetensors(folder, REPO_HINT)
 
-        model = load_pretrained(ChameleonForConditionalGeneration, folder, dtype, device, device_map)
         try:
+            # The small VQGAN first, so a bad vqgan.ckpt fails before gigabytes of weights are read;
             # fp32 always: the decoder is small, and the reference decodes in fp32.
             vqgan = load_chameleon_vqgan(vq_dir / "vqgan.yaml", vq_dir / "vqgan.ckpt", device)
         except VQGANLoadError as exc:
             raise ModelLoadError(str(exc)) from None
+        model = load_pretrained(ChameleonForConditionalGeneration, folder, dtype, device, device_map)
         return cls(model, vqgan, text_tokenizer, vocab, sizes)
 
     # --- prompts ------------------------------------------------------------------------------

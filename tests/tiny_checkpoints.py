@@ -1,0 +1,287 @@
+"""Tiny, randomly initialised checkpoints of the three real families, in the on-disk layout users have.
+
+Each builder instantiates the real transformers class from a tiny config (2 layers, hidden 32),
+saves it with save_pretrained (config.json + model.safetensors) next to the tokenizer/processor
+files the loader reads, and returns the folder. Nothing is downloaded.
+
+* Lumina-mGPT keeps Chameleon's real vocabulary layout: 65536 ids, <s>=0, image codes on ids
+  4..8195 (here in a shuffled order, so code <-> id mapping bugs show), <eoss>=8196,
+  <racm3:break>=8197, <reserved0NNNN> at id NNNN+4 (so end-of-line <reserved08799> = 8803 and the
+  size tokens 8804 + n). Only the width is tiny (hidden 32: embeddings 65536 x 32). The VQGAN is
+  Meta's checkpoint format: vqgan.yaml + vqgan.ckpt ({"state_dict": ...}, taming key names, with
+  encoder and loss keys the loader must skip), 16x downsampling, with attention and a width
+  change so every kind of decoder key occurs.
+* Emu3 and Janus-Pro use small vocabularies with the families' real special-token names (the
+  loader finds every id by name), a 64-code VQ and the families' real processors.
+
+Head and embedding weights are scaled up so that the conditionals are peaked and depend on the
+prefix; otherwise every draft would be a coin flip over thousands of codes and the speculative
+paths (accepted runs, tree branches) would hardly be exercised.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+TEXT_WORDS = [
+    "Generate", "an", "image", "of", "according", "to", "the", "following", "prompt", "a", "red",
+    "cat", "on", "blue", "dog", "green", "field", "x", ":", ".", ",",
+] + [str(d) for d in range(10)]
+
+
+def _word_level_tokenizer(vocab: Dict[str, int], specials: List[str]):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
+    )
+    tok.add_special_tokens(specials)
+    return tok
+
+
+def _peaked(model: torch.nn.Module, head: torch.Tensor, embed: torch.Tensor, head_scale: float) -> None:
+    with torch.no_grad():
+        head.mul_(head_scale)
+        embed.mul_(3.0)
+
+
+# --- Lumina-mGPT ------------------------------------------------------------------------------
+LUMINA_VOCAB = 65536
+LUMINA_CODES = 8192
+
+
+def lumina_image_token_name(code: int) -> str:
+    """Chameleon's naming: IMGIMG + the code's digits spelled A-J + a final 'Z'."""
+    return "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(code)) + "Z"
+
+
+def lumina_vocabulary(seed: int = 0) -> Dict[str, int]:
+    gen = torch.Generator().manual_seed(seed)
+    ids = (torch.randperm(LUMINA_CODES, generator=gen) + 4).tolist()
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({lumina_image_token_name(c): ids[c] for c in range(LUMINA_CODES)})
+    vocab["<eoss>"] = 8196
+    vocab["<racm3:break>"] = 8197
+    for i in range(8198, 8198 + 700):  # <reserved08194> .. ; 8706 = end of turn, 8799 = EOL, 8800+n sizes
+        vocab[f"<reserved{i - 4:05d}>"] = i
+    vocab["<image>"] = vocab.pop("<reserved08707>")  # as transformers' conversion does
+    for i, word in enumerate(TEXT_WORDS):
+        vocab[word] = 9000 + i
+    return vocab
+
+
+TINY_VQGAN = {
+    "embed_dim": 4, "n_embed": LUMINA_CODES,
+    "ddconfig": {"double_z": False, "z_channels": 8, "resolution": 64, "in_channels": 3, "out_ch": 3,
+                 "ch": 32, "ch_mult": [1, 1, 1, 1, 2], "num_res_blocks": 1, "attn_resolutions": [4],
+                 "dropout": 0.0},
+}
+
+
+def taming_vqgan_state(params: dict, seed: int = 0) -> Dict[str, torch.Tensor]:
+    """A random state dict under taming-transformers' VQModel key names, written out from its
+    naming scheme (not from our module), including encoder/quant_conv/loss keys to be skipped."""
+    gen = torch.Generator().manual_seed(seed)
+    dd = params["ddconfig"]
+    ch, mult, nrb = dd["ch"], dd["ch_mult"], dd["num_res_blocks"]
+    sd: Dict[str, torch.Tensor] = {}
+
+    def conv(name: str, cin: int, cout: int, k: int) -> None:
+        sd[f"{name}.weight"] = torch.randn(cout, cin, k, k, generator=gen) * (1.0 / (cin * k * k) ** 0.5)
+        sd[f"{name}.bias"] = torch.randn(cout, generator=gen) * 0.05
+
+    def norm(name: str, c: int) -> None:
+        sd[f"{name}.weight"] = 1 + 0.1 * torch.randn(c, generator=gen)
+        sd[f"{name}.bias"] = 0.1 * torch.randn(c, generator=gen)
+
+    def resblock(name: str, cin: int, cout: int) -> None:
+        norm(f"{name}.norm1", cin)
+        conv(f"{name}.conv1", cin, cout, 3)
+        norm(f"{name}.norm2", cout)
+        conv(f"{name}.conv2", cout, cout, 3)
+        if cin != cout:
+            conv(f"{name}.nin_shortcut", cin, cout, 1)
+
+    def attn(name: str, c: int) -> None:
+        norm(f"{name}.norm", c)
+        for part in ("q", "k", "v", "proj_out"):
+            conv(f"{name}.{part}", c, c, 1)
+
+    levels = len(mult)
+    block_in = ch * mult[-1]
+    res = dd["resolution"] // 2 ** (levels - 1)
+    conv("decoder.conv_in", dd["z_channels"], block_in, 3)
+    resblock("decoder.mid.block_1", block_in, block_in)
+    attn("decoder.mid.attn_1", block_in)
+    resblock("decoder.mid.block_2", block_in, block_in)
+    for level in reversed(range(levels)):
+        block_out = ch * mult[level]
+        for i in range(nrb + 1):
+            resblock(f"decoder.up.{level}.block.{i}", block_in, block_out)
+            block_in = block_out
+            if res in dd["attn_resolutions"]:
+                attn(f"decoder.up.{level}.attn.{i}", block_in)
+        if level != 0:
+            conv(f"decoder.up.{level}.upsample.conv", block_in, block_in, 3)
+            res *= 2
+    norm("decoder.norm_out", block_in)
+    conv("decoder.conv_out", block_in, dd["out_ch"], 3)
+    sd["quantize.embedding.weight"] = torch.randn(params["n_embed"], params["embed_dim"], generator=gen)
+    conv("post_quant_conv", params["embed_dim"], dd["z_channels"], 1)
+    # Parts a decoder must ignore.
+    conv("quant_conv", dd["z_channels"], params["embed_dim"], 1)
+    conv("encoder.conv_in", dd["in_channels"], ch, 3)
+    sd["loss.discriminator.main.0.weight"] = torch.randn(8, 3, 4, 4, generator=gen)
+    return sd
+
+
+def write_vqgan(folder: Path, params: dict = TINY_VQGAN, seed: int = 0) -> Dict[str, torch.Tensor]:
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"model": {"base_learning_rate": 4.5e-06, "target": "taming.models.vqgan.VQModel",
+                        "params": {**params, "lossconfig": {"target": "taming.modules.losses.DummyLoss"}}}}
+    (folder / "vqgan.yaml").write_text(yaml.safe_dump(config))
+    state = taming_vqgan_state(params, seed)
+    torch.save({"state_dict": state}, folder / "vqgan.ckpt")
+    return state
+
+
+def build_lumina(folder: Path, seed: int = 0) -> Path:
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = lumina_vocabulary(seed)
+    specials = [n for n in vocab if n.startswith("<")]
+    text_vocab = dict(vocab)
+    _word_level_tokenizer(text_vocab, specials).save(str(folder / "text_tokenizer.json"))
+    write_vqgan(folder, seed=seed)
+    config = ChameleonConfig(
+        vocab_size=LUMINA_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+        bos_token_id=0, pad_token_id=1, eos_token_id=2, vocabulary_map=vocab,
+        vq_config={"embed_dim": 4, "num_embeddings": LUMINA_CODES, "latent_channels": 8, "resolution": 64,
+                   "base_channels": 32, "channel_multiplier": [1, 2], "num_res_blocks": 1,
+                   "attn_resolutions": []},
+    )
+    torch.manual_seed(seed)
+    model = ChameleonForConditionalGeneration(config).eval()
+    _peaked(model, model.lm_head.weight, model.model.embed_tokens.weight, head_scale=60.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+# --- Emu3 -------------------------------------------------------------------------------------
+EMU3_CODES = 64
+EMU3_SPECIALS = ["<|endoftext|>", "<|extra_203|>", "<|extra_204|>", "<|image start|>", "<|image end|>",
+                 "<|image token|>", "<|extra_200|>", "<|extra_201|>", "<image>"]
+
+
+def build_emu3(folder: Path, image_area: int = 48 * 48, seed: int = 0) -> Path:
+    from transformers import Emu3Config, Emu3ForConditionalGeneration, Emu3ImageProcessor, Emu3Processor
+    from transformers import PreTrainedTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab: Dict[str, int] = {"<unk>": 0}
+    for word in TEXT_WORDS + ["*", "lowres", "blurry"]:
+        vocab.setdefault(word, len(vocab))
+    for name in EMU3_SPECIALS:
+        vocab[name] = len(vocab)
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(EMU3_CODES, generator=gen).tolist()  # visual ids in shuffled code order
+    base = len(vocab)
+    visual = {f"<|visual token {c:06d}|>": base + order[c] for c in range(EMU3_CODES)}
+    vocab.update(visual)
+    tok = _word_level_tokenizer(vocab, EMU3_SPECIALS + list(visual))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|extra_203|>", eos_token="<|extra_204|>", pad_token="<|endoftext|>",
+        extra_special_tokens={"image_token": "<image>", "boi_token": "<|image start|>", "eoi_token": "<|image end|>",
+                              "image_wrapper_token": "<|image token|>", "eof_token": "<|extra_201|>"},
+    )
+    Emu3Processor(Emu3ImageProcessor(), tokenizer).save_pretrained(folder)
+    config = Emu3Config(
+        vq_config={"codebook_size": EMU3_CODES, "embed_dim": 4, "latent_channels": 4, "base_channels": 32,
+                   "channel_multiplier": [1, 1, 1, 1], "num_res_blocks": 1, "attn_resolutions": [],
+                   "hidden_size": 32, "num_attention_heads": 1},
+        text_config={"vocab_size": len(vocab), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                     "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 512,
+                     "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+                     "eos_token_id": tokenizer.eos_token_id},
+        vocabulary_map=dict(vocab), image_area=image_area,
+    )
+    torch.manual_seed(seed)
+    model = Emu3ForConditionalGeneration(config).eval()
+    _peaked(model, model.lm_head.weight, model.get_input_embeddings().weight, head_scale=60.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+# --- Janus-Pro --------------------------------------------------------------------------------
+JANUS_CODES = 64
+JANUS_SPECIALS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "<image_placeholder>",
+                  "<begin_of_image>", "<end_of_image>", "<|User|>", "<|Assistant|>"]
+JANUS_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] | capitalize }}|>: {% for c in m['content'] %}"
+    "{% if c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}<|Assistant|>:{% endif %}"
+)
+
+
+def build_janus(folder: Path, grid: int = 6, seed: int = 0) -> Path:
+    from tokenizers import processors
+    from transformers import (GenerationConfig, JanusConfig, JanusForConditionalGeneration, JanusImageProcessor,
+                              JanusProcessor, PreTrainedTokenizerFast)
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab: Dict[str, int] = {"<unk>": 0}
+    for word in TEXT_WORDS:
+        vocab.setdefault(word, len(vocab))
+    for name in JANUS_SPECIALS:
+        vocab[name] = len(vocab)
+    tok = _word_level_tokenizer(vocab, JANUS_SPECIALS)
+    bos = JANUS_SPECIALS[0]
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=bos, eos_token=JANUS_SPECIALS[1], pad_token=JANUS_SPECIALS[2],
+        extra_special_tokens={"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>",
+                              "eoi_token": "<end_of_image>"},
+    )
+    pixels = grid * 16
+    processor = JanusProcessor(JanusImageProcessor(size={"height": pixels, "width": pixels}), tokenizer,
+                               chat_template=JANUS_CHAT_TEMPLATE, num_image_tokens=grid * grid)
+    processor.save_pretrained(folder)
+    config = JanusConfig(
+        text_config={"model_type": "llama", "vocab_size": len(vocab), "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+                     "max_position_embeddings": 512, "bos_token_id": tokenizer.bos_token_id,
+                     "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id},
+        vision_config={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": pixels,
+                       "patch_size": 16, "projection_dim": 32, "num_image_tokens": grid * grid, "mlp_ratio": 2.0},
+        vq_config={"num_embeddings": JANUS_CODES, "embed_dim": 8, "latent_channels": 32, "base_channels": 32,
+                   "channel_multiplier": [1, 1, 1, 1, 1], "num_res_blocks": 1, "projection_dim": 32,
+                   "image_token_embed_dim": 32, "num_hidden_layers": 2},
+        image_token_id=vocab["<image_placeholder>"],
+    )
+    torch.manual_seed(seed)
+    model = JanusForConditionalGeneration(config).eval()
+    _peaked(model, model.model.generation_head.vision_head.weight, model.model.generation_embeddings.weight, 20.0)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(3.0)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        generation_kwargs={"boi_token_id": vocab["<begin_of_image>"]}, guidance_scale=5.0,
+    )
+    model.save_pretrained(folder)
+    return folder
+
+
+BUILDERS = {"lumina_mgpt": build_lumina, "emu3": build_emu3, "janus": build_janus}
+
+
+def describe(folder: Path) -> str:
+    return json.dumps(sorted(p.name for p in folder.iterdir()))

@@ -418,3 +418,10 @@ def test_negative_prompt_warnings(models):
     assert models["lumina_mgpt"].encode_prompt(PROMPT, negative_prompt="blurry").warnings
     assert models["janus"].encode_prompt(PROMPT, negative_prompt="blurry").warnings
     assert not models["emu3"].encode_prompt(PROMPT, negative_prompt="blurry").warnings
+
+
+def test_original_janus_format_names_the_hf_version(tmp_path, no_weights):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "multi_modality"}))
+    with pytest.raises(sp.ModelLoadError, match="deepseek-community/Janus-Pro-7B") as err:
+        sp.load_model(tmp_path)
+    _one_sentence(str(err.value))

@@ -80,8 +80,10 @@ class CausalLMSession(DecoderSession):
                 self.cache.crop(-surplus)  # transformers 5 takes the number of entries to drop
         else:
             index = torch.tensor([past + n for n in nodes], device=self.prompt_ids.device)
+            keep_all = torch.cat([torch.arange(past, device=index.device), index])
             for layer in self.cache.layers:
-                keep = torch.cat([torch.arange(past, device=index.device), index])
+                # Layers may sit on different GPUs when accelerate spread the model (device_map).
+                keep = keep_all.to(layer.keys.device)
                 layer.keys = layer.keys.index_select(2, keep)
                 layer.values = layer.values.index_select(2, keep)
         self.past = past + len(nodes)

@@ -185,11 +185,21 @@ def resolve_folder(path: Union[str, os.PathLike]) -> Path:
     return folder
 
 
+# Original (remote-code) formats of supported models: say which transformers version to get.
+OTHER_FORMATS = {
+    "multi_modality": "DeepSeek's original Janus format; download the transformers version "
+    "deepseek-community/Janus-Pro-7B (or -1B) instead.",
+    "Emu3": "BAAI's original remote-code Emu3 format; download the transformers version BAAI/Emu3-Gen-hf instead.",
+}
+
+
 def detect_family(folder: Path, config: dict) -> str:
     for name, spec in FAMILIES.items():
         if _family_class(spec).matches(folder, config):
             return name
     model_type = config.get("model_type", "<none>")
+    if model_type in OTHER_FORMATS:
+        raise ModelLoadError(f"{folder} holds {OTHER_FORMATS[model_type]}")
     raise ModelLoadError(
         f"{folder} holds a '{model_type}' model, which sjd-pac does not support; supported are "
         "Lumina-mGPT (chameleon), Emu3 (emu3), Janus-Pro (janus) and the bundled demo model."

@@ -1,0 +1,202 @@
+"""workflows/*.json: only our nodes and a few ComfyUI core nodes, links between matching types,
+widget values that match each node's inputs; the API-format demo runs through the node classes."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+import torch
+
+from test_nodes import REPO, bridge, handle, load_pack, model_setup, pack  # noqa: F401 (fixtures)
+
+WORKFLOWS = REPO / "workflows"
+UI_FILES = sorted(WORKFLOWS.glob("*.json"))
+API_FILE = WORKFLOWS / "api" / "demo_text_to_image.json"
+
+# ComfyUI core nodes the workflows may use: their sockets and widgets (name, type or choices).
+CORE_NODES: Dict[str, Dict[str, Any]] = {
+    "SaveImage": {"inputs": {"images": "IMAGE"}, "outputs": [], "widgets": [("filename_prefix", "STRING")]},
+    "PreviewImage": {"inputs": {"images": "IMAGE"}, "outputs": [], "widgets": []},
+    "Note": {"inputs": {}, "outputs": [], "widgets": [("text", "STRING")]},  # front-end only
+}
+CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}  # seed's control_after_generate widget
+MODEL_FOLDERS = {  # the folder names the docs tell people to use under models/autoregressive
+    "demo_text_to_image.json": "demo",
+    "compare_ar_sjd_sjdpac.json": "demo",
+    "lumina_mgpt_768.json": "lumina-mgpt-7b-768",
+    "emu3_gen.json": "emu3-gen",
+    "janus_pro_7b.json": "janus-pro-7b",
+}
+
+
+def node_spec(type_: str) -> Tuple[Dict[str, str], List[str], List[Tuple[str, Any, dict]]]:
+    """(socket inputs {name: type}, output types, widgets [(name, type or choices, options)])."""
+    if type_ in CORE_NODES:
+        core = CORE_NODES[type_]
+        return core["inputs"], core["outputs"], [(n, t, {}) for n, t in core["widgets"]]
+    cls = load_pack().NODE_CLASS_MAPPINGS[type_]
+    spec = cls.INPUT_TYPES()
+    sockets, widgets = {}, []
+    for section in ("required", "optional"):
+        for name, s in spec.get(section, {}).items():
+            kind, opts = s[0], (s[1] if len(s) > 1 else {})
+            if isinstance(kind, str) and kind not in ("INT", "FLOAT", "STRING", "BOOLEAN"):
+                sockets[name] = kind
+                continue
+            widgets.append((name, kind, opts))
+            if opts.get("control_after_generate"):
+                widgets.append((name + "_control", sorted(CONTROL_VALUES), {}))
+    return sockets, list(cls.RETURN_TYPES), widgets
+
+
+def check_value(where: str, name: str, kind: Any, opts: dict, value: Any) -> None:
+    if name == "model" and isinstance(kind, list):  # the loader's list depends on what is installed
+        assert isinstance(value, str) and value, where
+        return
+    if isinstance(kind, list):
+        assert value in kind, f"{where}: {name}={value!r} not in {kind}"
+    elif kind == "INT":
+        assert isinstance(value, int) and not isinstance(value, bool), f"{where}: {name}={value!r}"
+        assert opts.get("min", value) <= value <= opts.get("max", value), f"{where}: {name}={value} out of range"
+    elif kind == "FLOAT":
+        assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{where}: {name}={value!r}"
+        assert opts.get("min", value) <= value <= opts.get("max", value), f"{where}: {name}={value} out of range"
+    elif kind == "STRING":
+        assert isinstance(value, str), f"{where}: {name}={value!r}"
+    elif kind == "BOOLEAN":
+        assert isinstance(value, bool), f"{where}: {name}={value!r}"
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_the_expected_workflows_exist():
+    assert {p.name for p in UI_FILES} == set(MODEL_FOLDERS)
+    assert API_FILE.is_file()
+
+
+@pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.name)
+def test_ui_workflow_is_valid(path, pack):
+    wf = load(path)
+    assert wf["version"] == 0.4 and isinstance(wf["nodes"], list) and isinstance(wf["links"], list)
+    nodes = {n["id"]: n for n in wf["nodes"]}
+    assert len(nodes) == len(wf["nodes"]) and wf["last_node_id"] >= max(nodes)
+    known = set(pack.NODE_CLASS_MAPPINGS) | set(CORE_NODES)
+    for n in wf["nodes"]:
+        assert n["type"] in known, f"{path.name}: unknown node type {n['type']}"
+        for key in ("pos", "size", "widgets_values"):
+            assert key in n, f"{path.name}: node {n['id']} lacks {key}"
+        sockets, outputs, widgets = node_spec(n["type"])
+        where = f"{path.name} node {n['id']} ({n['type']})"
+        assert len(n["widgets_values"]) == len(widgets), f"{where}: widget count"
+        for (name, kind, opts), value in zip(widgets, n["widgets_values"]):
+            check_value(where, name, kind, opts, value)
+        for inp in n.get("inputs", []):
+            assert sockets.get(inp["name"]) == inp["type"], f"{where}: input {inp['name']}"
+        linked = {inp["name"] for inp in n.get("inputs", []) if inp.get("link") is not None}
+        required = n["type"] in pack.NODE_CLASS_MAPPINGS and pack.NODE_CLASS_MAPPINGS[n["type"]].INPUT_TYPES()["required"]
+        for name in sockets:
+            if required and name in required:
+                assert name in linked, f"{where}: required input {name} is not connected"
+        for slot, out in enumerate(n.get("outputs", [])):
+            assert out["type"] == outputs[slot], f"{where}: output {slot}"
+
+    link_ids = set()
+    for link_id, src, src_slot, dst, dst_slot, type_ in wf["links"]:
+        link_ids.add(link_id)
+        a, b = nodes[src], nodes[dst]
+        assert a["outputs"][src_slot]["type"] == type_, f"{path.name}: link {link_id} source type"
+        assert link_id in a["outputs"][src_slot]["links"]
+        assert b["inputs"][dst_slot]["type"] == type_ and b["inputs"][dst_slot]["link"] == link_id
+    assert len(link_ids) == len(wf["links"]) and wf["last_link_id"] >= max(link_ids)
+
+    loaders = [n for n in wf["nodes"] if n["type"] == "LoadARImageModel"]
+    assert loaders and {n["widgets_values"][0] for n in loaders} == {MODEL_FOLDERS[path.name]}
+
+
+def test_comparison_workflow_uses_one_seed_and_gumbel(pack):
+    wf = load(WORKFLOWS / "compare_ar_sjd_sjdpac.json")
+    _, _, widgets = node_spec("SJDPACSampler")
+    names = [w[0] for w in widgets]
+    samplers = [dict(zip(names, n["widgets_values"])) for n in wf["nodes"] if n["type"] == "SJDPACSampler"]
+    assert sorted(s["method"] for s in samplers) == ["ar", "sjd", "sjd_pac"]
+    for key in ("prompt", "seed", "cfg", "temperature", "top_k", "top_p", "resolution", "batch_size"):
+        assert len({s[key] for s in samplers}) == 1, key
+    assert {s["verify"] for s in samplers} == {"gumbel"} and {s["seed_control"] for s in samplers} == {"fixed"}
+    notes = " ".join(n["widgets_values"][0] for n in wf["nodes"] if n["type"] == "Note")
+    assert "gumbel" in notes and "identical" in notes
+    stats = [n for n in wf["nodes"] if n["type"] == "SJDStats"]
+    assert sum(1 for n in stats for i in n["inputs"] if i["name"] == "ar_baseline" and i["link"]) == 2
+
+
+def _api_inputs(pack) -> dict:
+    api = load(API_FILE)
+    for node_id, node in api.items():
+        cls = node["class_type"]
+        assert cls in pack.NODE_CLASS_MAPPINGS or cls in CORE_NODES, cls
+        sockets, _, widgets = node_spec(cls)
+        for name, kind, opts in widgets:
+            if name.endswith("_control"):
+                continue
+            assert name in node["inputs"], f"API node {node_id}: {name} missing"
+            check_value(f"API node {node_id}", name, kind, opts, node["inputs"][name])
+        for name, type_ in sockets.items():
+            if name not in node["inputs"]:
+                continue
+            src, slot = node["inputs"][name]
+            _, outputs, _ = node_spec(api[src]["class_type"])
+            assert outputs[slot] == type_, f"API node {node_id}: {name} gets {outputs[slot]}"
+    return api
+
+
+def test_api_workflow_matches_the_ui_demo(pack):
+    api = _api_inputs(pack)
+    ui = load(WORKFLOWS / "demo_text_to_image.json")
+    for n in ui["nodes"]:
+        if n["type"] == "Note":
+            continue
+        node = api[str(n["id"])]
+        assert node["class_type"] == n["type"]
+        _, _, widgets = node_spec(n["type"])
+        for (name, _, _), value in zip(widgets, n["widgets_values"]):
+            if not name.endswith("_control"):
+                assert node["inputs"][name] == value, (n["id"], name)
+
+
+def test_api_demo_workflow_runs_through_the_nodes(pack, bridge, model_setup):  # noqa: F811
+    """A tiny executor (topological order, like ComfyUI) over the API workflow, on the demo model."""
+    api = _api_inputs(pack)
+    choice, _ = model_setup
+    results: Dict[str, tuple] = {}
+
+    def run(node_id: str) -> tuple:
+        if node_id in results:
+            return results[node_id]
+        node = api[node_id]
+        kwargs = {}
+        for name, value in node["inputs"].items():
+            kwargs[name] = run(value[0])[value[1]] if isinstance(value, list) else value
+        if node["class_type"] == "LoadARImageModel":
+            kwargs["model"] = choice  # "demo", or the smoke checkpoint until the demo weights land
+        if node["class_type"] in ("SaveImage", "PreviewImage"):
+            results[node_id] = (kwargs["images"],)
+            return results[node_id]
+        cls = pack.NODE_CLASS_MAPPINGS[node["class_type"]]
+        if hasattr(cls, "VALIDATE_INPUTS"):  # as ComfyUI does: only the arguments it names
+            names = inspect.signature(cls.VALIDATE_INPUTS).parameters
+            assert cls.VALIDATE_INPUTS(**{k: v for k, v in kwargs.items() if k in names}) is True
+        out = getattr(cls(), cls.FUNCTION)(**kwargs)
+        results[node_id] = out["result"] if isinstance(out, dict) else out
+        return results[node_id]
+
+    for node_id in api:
+        run(node_id)
+    saved = [results[i][0] for i, n in api.items() if n["class_type"] == "SaveImage"]
+    assert saved and saved[0].shape == (1, 64, 64, 3) and saved[0].dtype == torch.float32
+    plot = [results[i][0] for i, n in api.items() if n["class_type"] == "PreviewImage"]
+    assert plot and plot[0].ndim == 4

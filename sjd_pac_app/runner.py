@@ -18,7 +18,7 @@ import torch
 
 import sjd_pac_core as sp
 from sjd_pac_core.config import ConfigError, SamplerConfig
-from sjd_pac_core.models.loader import resolve_device
+from sjd_pac_core.models.loader import detect_family, read_config, resolve_device, resolve_folder
 
 DEMO = "demo"
 DEFAULT_MODELS_DIR = Path("models") / "autoregressive"
@@ -46,10 +46,12 @@ class ModelManager:
         device: str = "auto",
         dtype: str = "auto",
         loader: Callable[..., sp.ARImageModel] = sp.load_model,
+        precheck: bool = True,
     ) -> None:
         self.models_dir = Path(models_dir).expanduser() if models_dir else None
         self.device, self.dtype = device, dtype
         self._loader = loader
+        self.precheck = precheck  # run load_model's cheap folder checks before unloading
         self._lock = threading.Lock()
         self.spec: Optional[str] = None
         self.model: Optional[sp.ARImageModel] = None
@@ -72,6 +74,11 @@ class ModelManager:
         with self._lock:
             if self.model is not None and self.spec == key:
                 return self.model
+            if self.precheck:
+                # The loader's cheap checks first (path, config.json, family): a typo in the
+                # folder field must not unload the model that is working.
+                folder = resolve_folder(key)
+                detect_family(folder, read_config(folder))
             self._release()
             model = self._loader(key, dtype=self.dtype, device=self.device)
             self.model, self.spec = model, key

@@ -1,0 +1,292 @@
+"""The Gradio app: its generator functions driven directly, and the served app through
+gradio_client on 127.0.0.1 (a free port, inside the test process)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+import torch
+
+import sjd_pac_core as sp
+from sjd_pac_app import runner
+from sjd_pac_app.runner import JobRegistry, ModelManager, build_config, check_seed, stream_generation
+
+pytest.importorskip("gradio")
+from sjd_pac_app.app import SjdPacApp, launch_kwargs  # noqa: E402
+
+DEMO_READY = (Path(sp.__file__).resolve().parent / "demo" / "weights" / "config.json").is_file()
+PROMPT = "a red circle on a blue background"
+# Argument order of SjdPacApp.generate / compare (and of the /generate, /compare endpoints).
+ARG_NAMES = ("model_choice", "model_path", "prompt", "negative_prompt", "resolution", "seed", "method",
+             "verify", "cfg_scale", "temperature", "top_k", "top_p", "window", "tree_depth", "tree_width")
+
+_SHARED: Dict[str, object] = {}  # one model and one server per test session (both test files)
+
+
+# --- fixtures ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def app_model(request) -> Tuple[str, sp.ARImageModel]:
+    """(spec, model): the bundled demo once its weights exist, else a smoke-trained checkpoint."""
+    if "model" not in _SHARED:
+        if DEMO_READY:
+            _SHARED["model"] = ("demo", request.getfixturevalue("demo_model"))
+        else:
+            folder = request.getfixturevalue("smoke_demo_folder")
+            _SHARED["model"] = (runner.canonical_spec(folder), sp.load_model(folder, device="cpu"))
+    return _SHARED["model"]
+
+
+def make_app(spec: str, model: sp.ARImageModel, interval: float = 0.05) -> SjdPacApp:
+    """An app whose loader hands out the already loaded test model (no second load)."""
+
+    def loader(path: str, **kwargs) -> sp.ARImageModel:
+        return model if path == spec else sp.load_model(path, **kwargs)
+
+    app = SjdPacApp(ModelManager(None, device="cpu", loader=loader), spec, interval=interval)
+    app.preload()
+    assert app.startup_error == ""
+    return app
+
+
+@pytest.fixture()
+def app(app_model) -> SjdPacApp:
+    return make_app(*app_model)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def served_app(app_model, request) -> Tuple[SjdPacApp, str]:
+    """The app served on 127.0.0.1 at a free port, in this process."""
+    if "server" not in _SHARED:
+        app = make_app(*app_model, interval=0.1)
+        blocks = app.build()
+        blocks.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                      quiet=True, **launch_kwargs())
+        request.addfinalizer(blocks.close)
+        _SHARED["server"] = (app, blocks.local_url.rstrip("/"))
+    return _SHARED["server"]
+
+
+def args_for(spec: str, model: sp.ARImageModel, **changes) -> List[object]:
+    d = model.defaults
+    values = dict(model_choice=spec, model_path="", prompt=PROMPT, negative_prompt="",
+                  resolution=d.resolution, seed=0, method="sjd_pac", verify="gumbel", cfg_scale=d.cfg_scale,
+                  temperature=d.temperature, top_k=d.top_k or 0, top_p=d.top_p or 1.0, window=d.window,
+                  tree_depth=d.tree_depth, tree_width=d.tree_width)
+    values.update(changes)
+    return [values[name] for name in ARG_NAMES]
+
+
+def reference_stats(model: sp.ARImageModel, method: str, verify: str = "gumbel", seed: int = 0) -> sp.RunStats:
+    config = model.defaults.sampler_config(method=method, verify=verify)
+    return sp.generate_image(model, PROMPT, config, seed=seed).stats
+
+
+# --- pure pieces -------------------------------------------------------------------------------
+
+def test_settings_map_to_a_validated_config():
+    config = build_config("sjd", "gumbel", 3.0, 1.0, top_k=0, top_p=1.0, window=16.0, tree_depth=3, tree_width=4)
+    assert (config.method, config.verify, config.top_k, config.top_p, config.window) == ("sjd", "gumbel", None, None, 16)
+    assert build_config(top_k=50, top_p=0.9).top_k == 50
+    for bad, needle in [(dict(window=0), "window (L)"), (dict(window=2.5), "whole number"),
+                        (dict(tree_width=None), "K (tree width) is empty"), (dict(top_p=0.0), "top_p"),
+                        (dict(temperature=0.0), "temperature")]:
+        with pytest.raises(sp.ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            build_config(**bad)
+    with pytest.raises(sp.ConfigError, match="seed must be >= 0"):
+        check_seed(-1)
+
+
+def test_defaults_are_local_and_private():
+    from sjd_pac_app.main import parse_args
+
+    args = parse_args([])
+    assert (args.host, args.port, args.model) == ("127.0.0.1", 7860, "demo")
+    assert os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
+    assert launch_kwargs()["share"] is False
+
+
+def test_oom_and_other_errors_read_as_one_sentence():
+    message = runner.friendly_error(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+    assert message.startswith("Out of memory") and "lower L or K" in message
+    assert runner.friendly_error(sp.ModelLoadError("X is missing; fix it.")) == "X is missing; fix it."
+
+
+def test_job_registry_stops_only_its_own_session():
+    jobs = JobRegistry()
+    a, b = jobs.begin("a"), jobs.begin("b")
+    assert jobs.stop("a") and a.is_set() and not b.is_set()
+    assert not jobs.stop("a")  # already stopping
+    jobs.end("a", a)
+    assert not jobs.running("a") and jobs.running("b")
+    again = jobs.begin("b")  # a new run in a session ends the old one
+    assert b.is_set() and not again.is_set()
+
+
+# --- generator functions, driven directly -----------------------------------------------------
+
+def test_generate_streams_updates_and_matches_the_sampler(app, app_model):
+    spec, model = app_model
+    outputs = list(app.generate(*args_for(spec, model, method="sjd_pac", verify="gumbel")))
+    summaries = [o[-1] for o in outputs]
+    assert [s["status"] for s in summaries[:-1]] == ["progress"] * (len(summaries) - 1)
+    assert summaries[-1]["status"] == "finished" and len(summaries) >= 2
+    passes = [s["forward_passes"] for s in summaries]
+    assert passes == sorted(passes)  # the stream only moves forward
+
+    expected = reference_stats(model, "sjd_pac")
+    final = summaries[-1]
+    assert final["forward_passes"] == expected.forward_passes
+    assert final["step_compression"] == pytest.approx(expected.step_compression)
+    assert final["accept_lengths"] == expected.accept_lengths
+    assert final["tokens_committed"] == final["num_tokens"] == expected.num_tokens
+    assert final["histogram"] == {str(k): v for k, v in expected.histogram().items()}
+
+    tabs, image, pass_chart, hist_chart, stats_html, message, _ = outputs[-1]
+    assert min(image.size) >= 256  # the 64x64 picture, upscaled for display
+    assert pass_chart.size[0] >= 400 and hist_chart.size[0] >= 400
+    assert 'data-status="finished"' in stats_html and f'data-passes="{expected.forward_passes}"' in stats_html
+    assert "⚠" not in message
+
+
+def test_stop_ends_the_run_within_one_forward_pass(app_model):
+    spec, model = app_model
+    stop = threading.Event()
+    config = model.defaults.sampler_config(method="ar")
+    updates = stream_generation(model, PROMPT, config, 0, stop, interval=0.0)
+    first = next(updates)
+    stop.set()
+    live_stats = first.progress.stats  # the worker's own, still growing, RunStats
+    passes_at_stop = len(live_stats.records)
+    final = list(updates)[-1]
+    assert final.kind == "stopped"
+    assert final.stats.forward_passes <= passes_at_stop + 1  # at most the pass in flight
+    assert final.stats.forward_passes < final.stats.num_tokens
+
+
+def test_stop_button_then_next_run_works(app, app_model):
+    spec, model = app_model
+    run = app.generate(*args_for(spec, model, method="ar"))
+    first = next(run)
+    assert first[-1]["status"] in ("progress", "loading")
+    app.stop()  # what the Stop button calls (no request: the local session)
+    rest = list(run)
+    final = rest[-1][-1]
+    assert final["status"] == "stopped" and final["forward_passes"] < final["num_tokens"]
+    assert "Stopped after" in rest[-1][5]
+    assert not app.jobs.running("local")
+
+    again = list(app.generate(*args_for(spec, model, method="sjd")))[-1][-1]
+    assert again["status"] == "finished" and again["tokens_committed"] == again["num_tokens"]
+
+
+def test_bad_inputs_show_a_readable_message_and_the_app_keeps_working(app, app_model, tmp_path, monkeypatch):
+    spec, model = app_model
+    missing = tmp_path / "no_such_model"
+    out = list(app.generate(*args_for(spec, model, model_path=str(missing))))[-1]
+    assert out[-1]["status"] == "failed" and "does not exist" in out[5] and "⚠" in out[5]
+
+    out = list(app.generate(*args_for(spec, model, window=0)))[-1]
+    assert out[-1]["status"] == "failed" and "window (L) must be an integer >= 1" in out[-1]["error"]
+
+    out = list(app.generate(*args_for(spec, model, resolution="4096x4096")))[-1]
+    assert "does not support resolution" in out[-1]["error"]
+
+    # Out of memory in the middle of a run: reported, and the next run is unaffected.
+    real = sp.generate_image
+
+    def oom_after_one_pass(model_, prompt, config, callback=None, **kwargs):
+        return real(model_, prompt, config, callback=_raise_oom_after(callback), **kwargs)
+
+    monkeypatch.setattr(runner.sp, "generate_image", oom_after_one_pass)
+    out = list(app.generate(*args_for(spec, model)))[-1]
+    assert out[-1]["status"] == "failed" and out[-1]["error"].startswith("Out of memory")
+    monkeypatch.undo()
+
+    loaded = app.select_model(spec, str(missing))
+    assert "does not exist" in loaded[-1] and app.manager.model is model  # still the old model
+
+    assert list(app.generate(*args_for(spec, model)))[-1][-1]["status"] == "finished"
+
+
+def _raise_oom_after(callback):
+    def wrapped(progress):
+        callback(progress)
+        if progress.record.index >= 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+    return wrapped
+
+
+def test_compare_runs_all_three_and_gumbel_is_token_identical(app, app_model):
+    spec, model = app_model
+    outputs = list(app.compare(*args_for(spec, model, verify="gumbel")))
+    report = outputs[-1][-1]
+    assert report["status"] == "finished" and report["verify"] == "gumbel"
+    methods = report["methods"]
+    assert list(methods) == ["ar", "sjd", "sjd_pac"]
+    assert methods["ar"]["forward_passes"] == methods["ar"]["num_tokens"]
+    for m in ("sjd", "sjd_pac"):
+        assert methods[m]["identical_to_ar"] is True
+        assert methods[m]["speedup_vs_ar"] == pytest.approx(methods["ar"]["wall_time"] / methods[m]["wall_time"])
+        assert methods[m]["forward_passes"] <= methods["ar"]["forward_passes"]
+    # the images: one per method, side by side (skipped slots keep the earlier picture)
+    finals = {}
+    for out in outputs:
+        for i, m in enumerate(("ar", "sjd", "sjd_pac")):
+            if hasattr(out[1 + i], "size"):
+                finals[m] = out[1 + i]
+    assert set(finals) == {"ar", "sjd", "sjd_pac"}
+    assert finals["ar"].tobytes() == finals["sjd"].tobytes() == finals["sjd_pac"].tobytes()
+    cards = outputs[-1][4:7]
+    assert all('data-status="finished"' in c for c in cards) and cards[2].count('class="yes"') == 1
+    assert "faster than AR" in outputs[-1][7]
+
+
+# --- the served app, through gradio_client ------------------------------------------------------
+
+def test_served_app_streams_stops_and_survives_errors(served_app, app_model):
+    from gradio_client import Client
+
+    app, url = served_app
+    spec, model = app_model
+    assert url.startswith("http://127.0.0.1:")
+    client = Client(url, verbose=False, download_files=False, analytics_enabled=False)
+
+    job = client.submit(*args_for(spec, model, method="sjd_pac"), api_name="/generate")
+    final = job.result(timeout=60)
+    streamed = [o[-1] for o in job.outputs()]
+    assert len(streamed) >= 2 and streamed[-1]["status"] == "finished"
+    expected = reference_stats(model, "sjd_pac")
+    assert final[-1]["forward_passes"] == expected.forward_passes
+    assert final[-1]["step_compression"] == pytest.approx(expected.step_compression)
+
+    # Stop: an AR run (one token per pass, the longest) ends early; the stop call shares the session.
+    job = client.submit(*args_for(spec, model, method="ar"), api_name="/generate")
+    deadline = time.time() + 30
+    while not any(o[-1].get("status") == "progress" for o in job.outputs()) and time.time() < deadline:
+        time.sleep(0.05)
+    client.predict(api_name="/stop")
+    stopped = job.result(timeout=30)[-1]
+    assert stopped["status"] == "stopped" and stopped["forward_passes"] < stopped["num_tokens"]
+
+    # A bad folder and an out-of-range knob: readable messages, and the server keeps serving.
+    bad = client.predict(*args_for(spec, model, model_path="/nonexistent/model"), api_name="/generate")
+    assert bad[-1]["status"] == "failed" and "does not exist" in bad[-1]["error"]
+    bad = client.predict(*args_for(spec, model, tree_width=0), api_name="/generate")
+    assert "tree_width (K) must be an integer >= 1" in bad[-1]["error"]
+
+    again = client.predict(*args_for(spec, model, method="sjd"), api_name="/generate")
+    assert again[-1]["status"] == "finished"
+    assert again[-1]["forward_passes"] == reference_stats(model, "sjd").forward_passes

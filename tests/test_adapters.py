@@ -425,3 +425,15 @@ def test_original_janus_format_names_the_hf_version(tmp_path, no_weights):
     with pytest.raises(sp.ModelLoadError, match="deepseek-community/Janus-Pro-7B") as err:
         sp.load_model(tmp_path)
     _one_sentence(str(err.value))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_preview_of_a_partial_image(models, family):
+    model = models[family]
+    tokens = run(model, "sjd_pac", 0, window=16).tokens
+    width, height = (int(v) for v in TEST_RESOLUTION[family].split("x"))
+    half = model.preview(tokens[: tokens.shape[0] // 2])
+    assert half.size == (width, height)
+    full = np.asarray(model.preview(tokens))
+    assert np.array_equal(full, np.asarray(model.decode(tokens)[0]))  # nothing dimmed when done
+    assert np.asarray(half)[-1].max() <= 63  # the last row is not sampled yet: dimmed to a quarter

@@ -23,7 +23,7 @@ from PIL import Image
 from transformers import Emu3ForConditionalGeneration, Emu3Processor
 
 from .adapters import ImageHeadAdapter
-from .hf_common import free_model, load_pretrained, pixels_to_pil, require_any
+from .hf_common import free_model, load_pretrained, pixels_to_pil, preview_image, require_any
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .loader import ModelLoadError, require_safetensors
 
@@ -80,6 +80,7 @@ class Emu3ImageModel(ARImageModel):
         # Reference settings (Emu3-Gen README): CFG 3.0, top-k 2048, temperature 1.0.
         self.defaults = FamilyDefaults(resolutions=tuple(self.sizes), cfg_scale=3.0, temperature=1.0, top_k=2048)
         self.token_model = ImageHeadAdapter(model, model.model, self.token_space)
+        self._last_resolution: Optional[str] = None
 
     # --- loading ------------------------------------------------------------------------------
     @classmethod
@@ -120,6 +121,7 @@ class Emu3ImageModel(ARImageModel):
 
     def encode_prompt(self, prompt: str, negative_prompt: str = "", resolution: Optional[str] = None) -> PromptEncoding:
         resolution = self.check_resolution(resolution)
+        self._last_resolution = resolution  # what preview() shows when not told
         size = self.sizes[resolution]
         layout = self.layout(resolution)
         return PromptEncoding(
@@ -150,6 +152,10 @@ class Emu3ImageModel(ARImageModel):
         device = self.model.model.vqmodel.quantize.embedding.weight.device
         pixels = self.model.decode_image_tokens(image_tokens=bpe.to(device), height=size.rows, width=size.cols)
         return pixels_to_pil(pixels)
+
+    def preview(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> Optional[Image.Image]:
+        resolution = self.check_resolution(resolution or self._last_resolution)
+        return preview_image(self.decode, self.layout(resolution), tokens, resolution)
 
     def unload(self) -> None:
         self.token_model.release()

@@ -53,3 +53,17 @@ def free_model(model: Optional[torch.nn.Module]) -> None:
     model.to("cpu")
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def preview_image(decode, layout, tokens: torch.Tensor, resolution: str) -> Image.Image:
+    """A partially sampled image: unsampled codes set to code 0 (sampler id 0 in every family's
+    token space), forced tokens in place, decoded with the family's decoder; unsampled cells dimmed."""
+    n = min(int(tokens.shape[-1]), layout.num_tokens)
+    full = layout.forced_tokens().clamp(min=0)
+    full[:n] = tokens.reshape(-1)[:n].cpu()
+    arr = np.asarray(decode(full.unsqueeze(0), resolution)[0]).copy()
+    done = layout.grid((torch.arange(layout.num_tokens) < n).long()).bool().numpy()
+    scale_y, scale_x = arr.shape[0] // layout.rows, arr.shape[1] // layout.cols
+    mask = np.kron(done, np.ones((scale_y, scale_x), dtype=bool))
+    arr[~mask] = (arr[~mask] * 0.25).astype(np.uint8)
+    return Image.fromarray(arr)

@@ -24,7 +24,7 @@ from transformers import ChameleonForConditionalGeneration
 
 from .adapters import ImageHeadAdapter
 from .chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, VQGANLoadError, load_chameleon_vqgan
-from .hf_common import free_model, load_pretrained, pixels_to_pil
+from .hf_common import free_model, load_pretrained, pixels_to_pil, preview_image
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .loader import ModelLoadError, require_safetensors
 
@@ -124,6 +124,7 @@ class LuminaMGPTImageModel(ARImageModel):
         )
         self.token_model = ImageHeadAdapter(model, model.model, vocab.token_space)
         self._layouts: Dict[str, ImageLayout] = {}
+        self._last_resolution: Optional[str] = None
 
     # --- loading ------------------------------------------------------------------------------
     @classmethod
@@ -191,6 +192,7 @@ class LuminaMGPTImageModel(ARImageModel):
 
     def encode_prompt(self, prompt: str, negative_prompt: str = "", resolution: Optional[str] = None) -> PromptEncoding:
         resolution = self.check_resolution(resolution)
+        self._last_resolution = resolution  # what preview() shows when not told
         size = self._size(resolution)
         text = PROMPT_TEMPLATE.format(size=size, prompt=prompt.strip())
         text_ids = self.text_tokenizer.encode(text, add_special_tokens=False).ids
@@ -228,6 +230,10 @@ class LuminaMGPTImageModel(ARImageModel):
         layout = self.layout(self._resolution_of(tokens, resolution))
         codes = layout.grid(tokens.reshape(-1, layout.num_tokens)).clamp(0, self.vocab.num_codes - 1)
         return pixels_to_pil(self.vqgan.decode_codes(codes))
+
+    def preview(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> Optional[Image.Image]:
+        resolution = self.check_resolution(resolution or self._last_resolution)
+        return preview_image(self.decode, self.layout(resolution), tokens, resolution)
 
     def unload(self) -> None:
         if getattr(self, "token_model", None) is not None:

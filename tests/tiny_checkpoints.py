@@ -44,7 +44,7 @@ def _word_level_tokenizer(vocab: Dict[str, int], specials: List[str]):
     return tok
 
 
-def _peaked(model: torch.nn.Module, head: torch.Tensor, embed: torch.Tensor, head_scale: float) -> None:
+def _peaked(head: torch.Tensor, embed: torch.Tensor, head_scale: float) -> None:
     with torch.no_grad():
         head.mul_(head_scale)
         embed.mul_(3.0)
@@ -171,7 +171,7 @@ def build_lumina(folder: Path, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     model = ChameleonForConditionalGeneration(config).eval()
-    _peaked(model, model.lm_head.weight, model.model.embed_tokens.weight, head_scale=60.0)
+    _peaked(model.lm_head.weight, model.model.embed_tokens.weight, head_scale=60.0)
     model.save_pretrained(folder)
     return folder
 
@@ -216,7 +216,7 @@ def build_emu3(folder: Path, image_area: int = 48 * 48, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     model = Emu3ForConditionalGeneration(config).eval()
-    _peaked(model, model.lm_head.weight, model.get_input_embeddings().weight, head_scale=60.0)
+    _peaked(model.lm_head.weight, model.get_input_embeddings().weight, head_scale=60.0)
     model.save_pretrained(folder)
     return folder
 
@@ -269,7 +269,7 @@ def build_janus(folder: Path, grid: int = 6, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     model = JanusForConditionalGeneration(config).eval()
-    _peaked(model, model.model.generation_head.vision_head.weight, model.model.generation_embeddings.weight, 20.0)
+    _peaked(model.model.generation_head.vision_head.weight, model.model.generation_embeddings.weight, 20.0)
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(3.0)
     model.generation_config = GenerationConfig(

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 from PIL import Image
 from transformers import Emu3ForConditionalGeneration, Emu3Processor
 
 from .adapters import ImageHeadAdapter
-from .hf_common import free_model, load_pretrained, pixels_to_pil, preview_image, require_any
+from .hf_common import free_model, load_pretrained, pixels_to_pil, preview_image, require_any, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .loader import ModelLoadError, require_safetensors
 
@@ -102,7 +102,7 @@ class Emu3ImageModel(ARImageModel):
         try:
             processor = Emu3Processor.from_pretrained(folder)
         except (OSError, ValueError, TypeError, AttributeError) as exc:
-            raise ModelLoadError(f"The Emu3 processor in {folder} cannot be loaded ({exc}); {fix}") from None
+            raise ModelLoadError(f"The Emu3 processor in {folder} cannot be loaded ({short(exc)}); {fix}") from None
         model = load_pretrained(Emu3ForConditionalGeneration, folder, dtype, device, device_map)
         return cls(model, processor, int(config.get("image_area", DEFAULT_IMAGE_AREA)))
 

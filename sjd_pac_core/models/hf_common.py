@@ -21,6 +21,11 @@ def pixels_to_pil(pixels: torch.Tensor, channels_last: bool = False) -> List[Ima
     return [Image.fromarray(np.ascontiguousarray(a)) for a in arrays]
 
 
+def short(exc: BaseException, limit: int = 200) -> str:
+    """An exception as one line for a one-sentence error message."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
+
+
 def require_any(folder: Path, names: List[str], what: str, fix: str) -> Path:
     """The first of `names` that exists in folder, else one sentence naming what to download."""
     for name in names:
@@ -40,7 +45,7 @@ def load_pretrained(
             model = cls.from_pretrained(folder, dtype=dtype).to(device)
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(
-            f"Loading the weights in {folder} failed ({type(exc).__name__}: {str(exc)[:200]}); "
+            f"Loading the weights in {folder} failed ({short(exc)}); "
             "download the checkpoint again or check that it matches config.json."
         ) from exc
     return model.eval()

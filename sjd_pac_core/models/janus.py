@@ -20,7 +20,7 @@ from PIL import Image
 from transformers import JanusForConditionalGeneration, JanusProcessor
 
 from .adapters import GenerationHeadAdapter
-from .hf_common import free_model, load_pretrained, pixels_to_pil, preview_image, require_any
+from .hf_common import free_model, load_pretrained, pixels_to_pil, preview_image, require_any, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .loader import ModelLoadError, require_safetensors
 
@@ -78,7 +78,7 @@ class JanusImageModel(ARImageModel):
         try:
             processor = JanusProcessor.from_pretrained(folder)
         except (OSError, ValueError, TypeError, AttributeError) as exc:
-            raise ModelLoadError(f"The Janus processor in {folder} cannot be loaded ({exc}); {fix}") from None
+            raise ModelLoadError(f"The Janus processor in {folder} cannot be loaded ({short(exc)}); {fix}") from None
         model = load_pretrained(JanusForConditionalGeneration, folder, dtype, device, device_map)
         return cls(model, processor)
 

@@ -24,7 +24,7 @@ from transformers import ChameleonForConditionalGeneration
 
 from .adapters import ImageHeadAdapter
 from .chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, VQGANLoadError, load_chameleon_vqgan
-from .hf_common import free_model, load_pretrained, pixels_to_pil, preview_image
+from .hf_common import free_model, load_pretrained, pixels_to_pil, preview_image, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .loader import ModelLoadError, require_safetensors
 
@@ -165,7 +165,7 @@ class LuminaMGPTImageModel(ARImageModel):
             if isinstance(exc, ModelLoadError):
                 raise
             raise ModelLoadError(
-                f"{tokenizer_file} is not a tokenizers JSON file ({exc}); download it again ({VQGAN_FIX})"
+                f"{tokenizer_file} is not a tokenizers JSON file ({short(exc)}); download it again: {VQGAN_FIX}"
             ) from None
         require_safetensors(folder, REPO_HINT)
 

@@ -86,7 +86,10 @@ class LuminaVocabulary:
         self.bos, self.image_start, self.image_end = need(BOS), need(IMAGE_START), need(IMAGE_END)
         self.end_of_line, self.end_of_turn = need(END_OF_LINE), need(END_OF_TURN)
         self.size_tokens = {s: need(grid_token_name(s // PIXELS_PER_GRID)) for s in sizes}
-        codes = {image_code_of(n): int(i) for n, i in vocabulary_map.items() if n.startswith("IMGIMG")}
+        try:
+            codes = {image_code_of(n): int(i) for n, i in vocabulary_map.items() if n.startswith("IMGIMG")}
+        except ValueError:
+            codes = {}  # a malformed image-token name: reported as a mismatch below
         if sorted(codes) != list(range(num_codes)):
             raise ModelLoadError(
                 f"config.json names {len(codes)} image tokens (IMGIMG...), but vqgan.yaml has a "
@@ -156,14 +159,13 @@ class LuminaMGPTImageModel(ARImageModel):
             )
         try:
             vq_config = VQGANConfig.from_yaml(vq_dir / "vqgan.yaml")
-            sizes = _default_sizes(folder)
-            vocab = LuminaVocabulary(vocabulary_map, vq_config.n_embed, sizes)
-            text_tokenizer = Tokenizer.from_file(str(tokenizer_file))
         except VQGANLoadError as exc:
             raise ModelLoadError(str(exc)) from None
-        except Exception as exc:  # tokenizers raises its own exception type
-            if isinstance(exc, ModelLoadError):
-                raise
+        sizes = _default_sizes(folder)
+        vocab = LuminaVocabulary(vocabulary_map, vq_config.n_embed, sizes)
+        try:
+            text_tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception type
             raise ModelLoadError(
                 f"{tokenizer_file} is not a tokenizers JSON file ({short(exc)}); download it again: {VQGAN_FIX}"
             ) from None

@@ -14,7 +14,8 @@ function chartWidget(node) {
     name: "sjd_pac_chart",
     type: "sjd_pac_chart",
     value: "",
-    serialize: false, // not a widget value: keeps widgets_values as the server expects
+    serialize: false, // not saved in widgets_values (keeps them as the server expects)...
+    options: { serialize: false }, // ...and not sent as an input in the API prompt
     computeSize(width) {
       return [width, CHART_HEIGHT];
     },
@@ -30,6 +31,7 @@ function textWidget(node) {
     type: "sjd_pac_summary",
     value: "",
     serialize: false,
+    options: { serialize: false },
     computeSize(width) {
       const lines = wrapText(node._sjdText || "", Math.max(20, Math.floor((width - 20) / 6.2)));
       return [width, Math.max(1, lines.length) * LINE_HEIGHT + 8];

@@ -11,10 +11,15 @@ from typing import List, Optional
 import torch
 
 
+def _window_arg(text: str):
+    return text if text == "auto" else int(text)
+
+
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampler (defaults: the model family's recommended settings)")
     g.add_argument("--method", choices=["ar", "sjd", "sjd_pac"], default="sjd_pac")
-    g.add_argument("--window", "-L", type=int, default=None, help="draft window L")
+    g.add_argument("--window", "-L", type=_window_arg, default=None,
+                   help="draft window L, or 'auto' (chosen from measured costs and acceptance)")
     g.add_argument("--tree-depth", "-D", type=int, default=None, help="PD tree depth D (counts the root)")
     g.add_argument("--tree-width", "-K", type=int, default=None, help="PD tree width K")
     g.add_argument("--no-ac", action="store_true", help="switch Adaptive Continuation off")

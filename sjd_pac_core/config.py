@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 Method = Literal["ar", "sjd", "sjd_pac"]
 VerifyRule = Literal["rejection", "gumbel"]
@@ -24,7 +24,9 @@ class SamplerConfig:
 
     method: "ar" (one token per forward pass), "sjd" (Speculative Jacobi Decoding) or
         "sjd_pac" (SJD with Adaptive Continuation and Proactive Drafting). All three are lossless.
-    window: L, the number of draft tokens verified per forward pass (sjd, sjd_pac).
+    window: L, the number of draft tokens verified per forward pass (sjd, sjd_pac), or "auto":
+        chosen every pass from the measured forward cost of each window size on this hardware
+        and the acceptance seen so far, to maximise tokens per second.
     tree_depth, tree_width: D and K of Proactive Drafting; the tree branches at the D-1
         positions after a rejection, with at most K candidates each.
     adaptive_continuation, proactive_drafting: switch AC and PD separately (sjd_pac only), so
@@ -38,7 +40,7 @@ class SamplerConfig:
     """
 
     method: Method = "sjd_pac"
-    window: int = 64
+    window: Union[int, str] = 64
     tree_depth: int = 3
     tree_width: int = 4
     adaptive_continuation: bool = True
@@ -62,8 +64,10 @@ class SamplerConfig:
             raise ConfigError(
                 f"Unknown init_proposal {self.init_proposal!r}; choose 'nearest' or 'uniform'."
             )
-        if not isinstance(self.window, int) or self.window < 1:
-            raise ConfigError(f"window (L) must be an integer >= 1, got {self.window!r}; try 32 or 64.")
+        if self.window != "auto" and (not isinstance(self.window, int) or self.window < 1):
+            raise ConfigError(
+                f"window (L) must be an integer >= 1 or 'auto', got {self.window!r}; try 32, 64 or 'auto'."
+            )
         if not isinstance(self.tree_depth, int) or self.tree_depth < 1:
             raise ConfigError(
                 f"tree_depth (D) must be an integer >= 1, got {self.tree_depth!r}; the paper uses 3."
@@ -86,9 +90,21 @@ class SamplerConfig:
 
     # Derived switches: the loop reads these, never the raw method string.
     @property
+    def auto_window(self) -> bool:
+        return self.method != "ar" and self.window == "auto"
+
+    @property
     def window_size(self) -> int:
-        """Draft tokens per pass; plain AR is SJD with an empty window."""
-        return 0 if self.method == "ar" else self.window
+        """Draft tokens per pass (fixed windows); plain AR is SJD with an empty window."""
+        return 0 if self.method == "ar" or self.window == "auto" else self.window
+
+    @property
+    def tree_side_nodes(self) -> int:
+        """Nodes a full PD tree adds beyond the main branch."""
+        if not self.use_pd:
+            return 0
+        levels = [self.tree_width ** d for d in range(1, self.tree_depth)]
+        return sum(levels) - len(levels)
 
     @property
     def use_ac(self) -> bool:

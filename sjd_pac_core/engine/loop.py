@@ -22,6 +22,7 @@ from ..sampling.rules import make_rule
 from ..sampling.tree import TreeLayout, build_tree_layout
 from .state import DecodeState, DraftWindow, PassOutcome
 from .stats import PassRecord, RunStats
+from .window import AutoWindow, FixedWindow, measure_cost_curve
 
 
 class GenerationCancelled(RuntimeError):
@@ -115,6 +116,7 @@ class _Decoder:
         self.recipe = SamplingRecipe(config.cfg_scale, config.temperature, config.top_k, config.top_p)
         self.rule = make_rule(config.verify, seed, model.vocab_size, self.device)
         self.seed = seed
+        self.window_policy = FixedWindow(config.window_size)  # replaced after the prefill if "auto"
 
     # --- small helpers ----------------------------------------------------------------------
     def _positions(self, start: int, count: int) -> torch.Tensor:
@@ -126,7 +128,7 @@ class _Decoder:
         return DraftWindow(self.rule.draw(q, positions), q)
 
     def _window_target(self, num_committed: int) -> int:
-        return min(self.config.window_size, self.constraints.num_tokens - num_committed)
+        return min(self.window_policy.next_window(), self.constraints.num_tokens - num_committed)
 
     # --- the run ----------------------------------------------------------------------------
     def run(self, prompts: List[torch.Tensor], callback: Optional[Callback]) -> SampleResult:
@@ -150,6 +152,9 @@ class _Decoder:
         p0 = process(logits.unsqueeze(1), pos0, self.recipe, self.constraints)
         committed = torch.zeros(self.constraints.num_tokens, dtype=torch.long, device=self.device)
         committed[0] = self.rule.draw(p0, pos0)[0]
+        if self.config.auto_window:
+            cost = measure_cost_curve(self.model, session, committed[0])
+            self.window_policy = AutoWindow(cost, extra_nodes=self.config.tree_side_nodes)
         state = DecodeState(
             session=session,
             committed=committed,
@@ -208,6 +213,8 @@ class _Decoder:
             state.committed[new_n] = outcome.final
             new_n += 1
         state.session.keep([0] + outcome.path_nodes)
+
+        self.window_policy.observe(a, censored=not outcome.rejected, window=m)
 
         # 7. Redraft the drafts after the final token against this pass's stale p: AC keeps the
         #    accepted ones, plain SJD draws them afresh. Either way q becomes the stale p.

@@ -59,6 +59,7 @@ CASES = {
         sp.SamplerConfig(method="sjd_pac", window=3, tree_width=2, tree_depth=4, cfg_scale=2.0, top_k=2),
         FORCED, 20000,
     ),
+    "sjd_pac_auto_window": (sp.SamplerConfig(method="sjd_pac", window="auto", tree_width=2), None, 8000),
     "sjd_pac_top_p_temperature": (
         sp.SamplerConfig(method="sjd_pac", window=4, tree_width=2, top_p=0.8, temperature=1.5), None, 8000,
     ),
@@ -119,7 +120,7 @@ def _last_accepted_wins(flags):  # a later accepted candidate (a longer path) be
 )
 def test_negative_control_planted_bug_is_caught(tiny, monkeypatch, patch, config):
     monkeypatch.setattr(rules, patch[0], patch[1])
-    p_value, tv, noise = _check(tiny, config, None, 12000, seed0=10**6)
+    p_value, tv, noise = _check(tiny, config, None, 6000, seed0=10**6)
     assert p_value < P_VALUE_MIN or tv > TV_FACTOR * noise, (
         f"planted bug {patch[0]} went unnoticed: p = {p_value:.3f}, tv {tv:.4f}, noise {noise:.4f}"
     )

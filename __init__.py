@@ -9,8 +9,8 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-if importlib.util.find_spec("sjd_pac_core") is None:  # a plain clone in custom_nodes, not pip-installed
-    sys.path.insert(0, _HERE)
+if importlib.util.find_spec("sjd_pac_core") is None:  # a plain clone in custom_nodes: append, never shadow
+    sys.path.append(_HERE)
 
 from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: E402
 from .nodes import comfy_bridge as _comfy_bridge  # noqa: E402

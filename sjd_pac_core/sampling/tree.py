@@ -84,12 +84,12 @@ def build_tree_layout(widths: Tuple[int, ...], chain_len: int) -> TreeLayout:
         main_path.append(last)
 
     n = len(parents)
-    attend = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):  # built once per shape and cached; never on the hot path
-        j = i
-        while j >= 0:
-            attend[i, j] = True
-            j = parents[j]
+    rows = []
+    for i, parent in enumerate(parents):  # once per shape (cached); a node sees what its parent sees
+        row = list(rows[parent]) if parent >= 0 else [False] * n
+        row[i] = True
+        rows.append(row)
+    attend = torch.tensor(rows, dtype=torch.bool)
     return TreeLayout(
         widths=tuple(widths),
         chain_len=chain_len,

@@ -80,13 +80,10 @@ class LoadARImageModel:
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, model: str, dtype: str, device: str):
+    def VALIDATE_INPUTS(cls, model: str):
+        # Only `model`: ComfyUI checks dtype and device against their lists itself.
         if model is not None and model not in model_choices():
             return _missing_model_message(model)
-        if dtype is not None and dtype not in DTYPES:
-            return f"Unknown dtype '{dtype}'; choose one of {', '.join(DTYPES)}."
-        if device is not None and device not in DEVICES:
-            return f"Unknown device '{device}'; choose one of {', '.join(DEVICES)}."
         return True
 
     def load(self, model: str, dtype: str, device: str) -> Tuple[ModelHandle]:

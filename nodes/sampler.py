@@ -109,16 +109,21 @@ def _check_knob(name: str, value: Any) -> Optional[str]:
     return None
 
 
-def make_config(
-    method: str, window: int, tree_depth: int, tree_width: int, verify: str,
-    cfg: float, temperature: float, top_k: int, top_p: float,
-) -> SamplerConfig:
-    """Widget values -> SamplerConfig (top_k 0 and top_p 1.0 mean off); raises ConfigError."""
+def check_tree_fits_top_k(method: str, tree_depth: int, tree_width: int, top_k: int) -> None:
+    """Proactive Drafting draws K distinct candidates, so K must not exceed top-k when both are on."""
     if method == "sjd_pac" and tree_depth > 1 and top_k and tree_width > top_k:
         raise ConfigError(
             f"tree_width (K) = {tree_width} is larger than top_k = {top_k}; lower tree_width to at most "
             f"{top_k} or raise top_k."
         )
+
+
+def make_config(
+    method: str, window: int, tree_depth: int, tree_width: int, verify: str,
+    cfg: float, temperature: float, top_k: int, top_p: float,
+) -> SamplerConfig:
+    """Widget values -> SamplerConfig (top_k 0 and top_p 1.0 mean off); raises ConfigError."""
+    check_tree_fits_top_k(method, tree_depth, tree_width, top_k)
     return SamplerConfig(
         method=method, window=int(window), tree_depth=int(tree_depth), tree_width=int(tree_width),
         verify=verify, cfg_scale=float(cfg), temperature=float(temperature),
@@ -133,10 +138,11 @@ def validate_knobs(**values: Any) -> Any:
         message = _check_knob(name, value)
         if message:
             return message
-    if not CONFIG_KNOBS <= set(given):
-        return True
     try:
-        make_config(**{k: given[k] for k in CONFIG_KNOBS})
+        if CONFIG_KNOBS <= set(given):
+            make_config(**{k: given[k] for k in CONFIG_KNOBS})
+        elif {"method", "top_k", "tree_depth", "tree_width"} <= set(given):
+            check_tree_fits_top_k(given["method"], given["tree_depth"], given["tree_width"], given["top_k"])
     except ConfigError as exc:
         return str(exc)
     return True
@@ -285,11 +291,11 @@ class SJDPACSampler:
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, cfg=None, temperature=None, top_k=None, top_p=None, method=None, window=None,
-                        tree_depth=None, tree_width=None, verify=None, batch_size=None):
-        return validate_knobs(cfg=cfg, temperature=temperature, top_k=top_k, top_p=top_p, method=method,
-                              window=window, tree_depth=tree_depth, tree_width=tree_width, verify=verify,
-                              batch_size=batch_size)
+    def VALIDATE_INPUTS(cls, method=None, top_k=None, tree_depth=None, tree_width=None):
+        # Only the knobs of the cross-knob rule (K <= top-k when the tree is on): ComfyUI shows a
+        # failure on every input named here and skips its own min/max check for them, so the
+        # other knobs keep ComfyUI's range and choice checks (also before any model work).
+        return validate_knobs(method=method, top_k=top_k, tree_depth=tree_depth, tree_width=tree_width)
 
     def sample(self, model: ModelHandle, prompt: str, negative_prompt: str, resolution: str, seed: int,
                cfg: float, temperature: float, top_k: int, top_p: float, method: str, window: int,
@@ -321,10 +327,6 @@ class SJDPACTextToImage:
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, method=None):
-        return validate_knobs(method=method)
 
     def generate(self, model: ModelHandle, prompt: str, seed: int, method: str,
                  unique_id: Optional[str] = None) -> Tuple[torch.Tensor, SJDStats]:

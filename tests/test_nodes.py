@@ -5,6 +5,7 @@ nodes/comfy_bridge.py, whose hooks are the only seam (tests inject plain callabl
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 import shutil
 import subprocess
@@ -164,9 +165,9 @@ def test_loader_lists_demo_first_and_reuses_the_loaded_model(pack, bridge, model
 
 def test_loader_rejects_missing_model_with_the_fix(pack, bridge):
     loader_cls = pack.NODE_CLASS_MAPPINGS["LoadARImageModel"]
-    message = loader_cls.VALIDATE_INPUTS("lumina-mgpt-7b-768", "auto", "auto")
+    message = loader_cls.VALIDATE_INPUTS("lumina-mgpt-7b-768")
     assert "models/autoregressive" in message and one_sentence(message)
-    assert loader_cls.VALIDATE_INPUTS("demo", "auto", "auto") is True
+    assert loader_cls.VALIDATE_INPUTS("demo") is True
     with pytest.raises(ValueError, match="models/autoregressive"):
         loader_cls().load("lumina-mgpt-7b-768", "auto", "cpu")
 
@@ -243,6 +244,14 @@ GOOD = dict(cfg=3.0, temperature=1.0, top_k=0, top_p=1.0, method="sjd_pac", wind
             tree_width=4, verify="rejection", batch_size=1)
 
 
+def comfy_range_check_rejects(cls, name: str, value) -> bool:
+    """ComfyUI's own check for inputs VALIDATE_INPUTS does not name: min/max and combo lists."""
+    kind, opts = cls.INPUT_TYPES()["required"][name]
+    if isinstance(kind, list):
+        return value not in kind
+    return value < opts.get("min", value) or value > opts.get("max", value)
+
+
 @pytest.mark.parametrize("bad, word", [
     (dict(temperature=0.0), "temperature"),
     (dict(top_p=0.0), "top_p"),
@@ -253,20 +262,40 @@ GOOD = dict(cfg=3.0, temperature=1.0, top_k=0, top_p=1.0, method="sjd_pac", wind
     (dict(verify="exact"), "verify"),
     (dict(top_k=2, tree_width=4), "tree_width"),
     (dict(tree_depth=9), "tree_depth"),
+    (dict(tree_width=0), "tree_width"),
 ])
-def test_validate_inputs_rejects_bad_knobs_with_the_fix(pack, bad, word):
-    for name in ("SJDPACSampler",):
-        message = pack.NODE_CLASS_MAPPINGS[name].VALIDATE_INPUTS(**{**GOOD, **bad})
+def test_bad_knobs_fail_before_model_work_with_the_fix(pack, bad, word):
+    cls = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]
+    args = {**GOOD, **bad}
+    named = set(inspect.signature(cls.VALIDATE_INPUTS).parameters)
+    if set(bad) <= named:  # VALIDATE_INPUTS's own knobs (ComfyUI skips its range check for them)
+        message = cls.VALIDATE_INPUTS(**{k: v for k, v in args.items() if k in named})
         assert message is not True and word in message and one_sentence(message), message
+    else:  # the rest: ComfyUI's min/max/list check stops them before the node runs
+        assert all(comfy_range_check_rejects(cls, k, v) for k, v in bad.items())
+    message = submodule("sampler").validate_knobs(**args)  # every host: one sentence naming the fix
+    assert message is not True and word in message and one_sentence(message), message
 
 
 def test_validate_inputs_accepts_good_and_linked_knobs(pack):
     cls = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]
-    assert cls.VALIDATE_INPUTS(**GOOD) is True
-    assert cls.VALIDATE_INPUTS(**{**GOOD, "top_k": 2, "tree_width": 4, "method": "sjd"}) is True  # no tree
-    assert cls.VALIDATE_INPUTS(**{**GOOD, "window": None}) is True  # a linked input is checked at run time
-    assert pack.NODE_CLASS_MAPPINGS["SJDPACTextToImage"].VALIDATE_INPUTS(method="ar") is True
-    assert "method" in pack.NODE_CLASS_MAPPINGS["SJDPACTextToImage"].VALIDATE_INPUTS(method="x")
+    named = set(inspect.signature(cls.VALIDATE_INPUTS).parameters)
+    assert named == {"method", "top_k", "tree_depth", "tree_width"}  # few: ComfyUI flags each one
+    pick = lambda d: {k: v for k, v in d.items() if k in named}  # noqa: E731
+    assert cls.VALIDATE_INPUTS(**pick(GOOD)) is True
+    assert cls.VALIDATE_INPUTS(**pick({**GOOD, "top_k": 2, "tree_width": 4, "method": "sjd"})) is True  # no tree
+    assert cls.VALIDATE_INPUTS(**pick({**GOOD, "top_k": 2, "tree_width": 4, "tree_depth": 1})) is True
+    assert cls.VALIDATE_INPUTS(**pick({**GOOD, "top_k": None})) is True  # linked: checked at run time
+    assert submodule("sampler").validate_knobs(**GOOD) is True
+
+
+def test_run_time_config_errors_name_the_fix(pack, bridge, handle):
+    import sjd_pac_core as sp
+
+    sampler = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]()  # a host that skips validation
+    with pytest.raises(sp.ConfigError, match="temperature") as info:
+        sampler.sample(handle, **sampler_args(temperature=0.0))
+    assert one_sentence(str(info.value))
 
 
 # --- Cancel, headless, ComfyUI seams -------------------------------------------------------------

@@ -438,6 +438,18 @@ def test_release_device_unloads_gpu_models_only(pack, bridge, handle):
     assert cache.release_device(torch.device("cuda", 0)) == 0  # our test models live on the CPU
     assert cache.loaded_keys() == keys
 
+    class OnGPU:  # stands in for a model loaded on a GPU (there is none in CI)
+        unloaded = False
+
+        def unload(self):
+            self.unloaded = True
+
+    gpu_model, key = OnGPU(), ("/models/x", "auto", "cuda:0")
+    with cache._lock:
+        cache._models[key] = gpu_model
+    assert cache.release_device(torch.device("cuda", 0)) == 1
+    assert gpu_model.unloaded and key not in cache.loaded_keys() and cache.loaded_keys() == keys
+
 
 # --- web extension -------------------------------------------------------------------------------
 @pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")

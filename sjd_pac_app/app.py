@@ -60,12 +60,14 @@ CSS = """
   background: var(--background-fill-secondary); border: 1px solid var(--border-color-primary);}
 .model-info .chip.gpu {border-color: #16a34a; color: #15803d;}
 .model-info .err {color: var(--error-text-color);}
-.stat-grid {display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 8px;}
+.stat-grid {display: grid; grid-template-columns: repeat(6, minmax(0, 1fr)); gap: 8px;}
+@media (max-width: 900px) {.stat-grid {grid-template-columns: repeat(3, minmax(0, 1fr));}}
+.hint p {font-size: 12px; color: var(--body-text-color-subdued); margin: 0;}
 .stat {border: 1px solid var(--border-color-primary); border-radius: 10px; padding: 8px 12px;
   background: var(--background-fill-secondary);}
 .stat .label {font-size: 11px; text-transform: uppercase; letter-spacing: .05em;
   color: var(--body-text-color-subdued);}
-.stat .value {font-size: 22px; font-weight: 600; font-variant-numeric: tabular-nums; line-height: 1.3;}
+.stat .value {font-size: 20px; white-space: nowrap; font-weight: 600; font-variant-numeric: tabular-nums; line-height: 1.3;}
 .stat .sub {font-size: 12px; color: var(--body-text-color-subdued);}
 .track {height: 6px; border-radius: 3px; background: var(--border-color-primary); margin-top: 4px; overflow: hidden;}
 .fill {height: 100%; background: #ea580c;}
@@ -77,9 +79,10 @@ CSS = """
 #message .note-line {color: var(--body-text-color-subdued);}
 .card {border: 1px solid var(--border-color-primary); border-radius: 10px; padding: 8px 12px; font-size: 14px;}
 .card h4 {margin: 0 0 6px 0; font-size: 15px;}
-.card table {width: 100%; border-collapse: collapse;}
-.card td {padding: 2px 0; border: none;}
-.card td.v {text-align: right; font-variant-numeric: tabular-nums; font-weight: 600;}
+.card table {width: 100%; border-collapse: collapse; border: none !important; margin: 0;}
+.card tr, .card td {border: none !important; background: transparent !important;}
+.card td {padding: 2px 0 !important; font-size: 14px;}
+.card td.v {text-align: right; font-variant-numeric: tabular-nums; font-weight: 600; white-space: nowrap;}
 .yes {color: #16a34a;} .no {color: #dc2626;}
 #compare-summary {font-size: 15px;}
 """
@@ -174,7 +177,7 @@ def compare_card(method: str, summary: Optional[Dict[str, Any]]) -> str:
         rows.append(("forward passes", str(summary["forward_passes"])))
         rows.append(("step compression", f'{summary["step_compression"]:.2f}×'))
         speedup = summary.get("speedup_vs_ar")
-        rows.append(("speedup over AR", "1.00× (baseline)" if method == "ar" else
+        rows.append(("speedup over AR", "1.00×" if method == "ar" else
                      (f"{speedup:.2f}×" if speedup else "–")))
         same = summary.get("identical_to_ar")
         if method == "ar":
@@ -445,52 +448,55 @@ class SjdPacApp:
                                         and model.family == "demo" else "")
                     negative = gr.Textbox(label="Negative prompt", lines=1, elem_id="negative-prompt")
                     with gr.Row():
+                        gen_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", scale=2)
+                        cmp_btn = gr.Button("Compare all 3", variant="secondary", elem_id="compare-btn",
+                                            scale=2)
+                        stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", scale=1, min_width=70)
+                    message = gr.Markdown(message_md([self.startup_error] if self.startup_error else []),
+                                          elem_id="message")
+                    with gr.Row():
                         resolution = gr.Dropdown(choices=list(d.resolutions), value=d.resolutions[0]
                                                  if d.resolutions else None, label="Resolution",
-                                                 elem_id="resolution")
+                                                 elem_id="resolution", allow_custom_value=True)
                         seed = gr.Number(value=0, precision=0, label="Seed", elem_id="seed")
                     method = gr.Radio(METHOD_CHOICES, value=base.method, label="Method", elem_id="method")
                     verify = gr.Radio(VERIFY_CHOICES, value=base.verify, label="Verification",
                                       elem_id="verify")
                     with gr.Row():
-                        cfg = gr.Slider(0.0, 15.0, value=d.cfg_scale, step=0.1, label="CFG scale",
-                                        info="1 = no guidance", elem_id="cfg")
+                        cfg = gr.Slider(0.0, 15.0, value=d.cfg_scale, step=0.1, label="CFG",
+                                        elem_id="cfg")
                         temperature = gr.Slider(0.0, 2.0, value=d.temperature, step=0.05,
                                                 label="Temperature", elem_id="temperature")
                     with gr.Row():
                         top_k = gr.Number(value=d.top_k or 0, precision=0, label="Top-k",
-                                          info="0 = off", elem_id="top-k")
+                                          elem_id="top-k")
                         top_p = gr.Slider(0.0, 1.0, value=d.top_p or 1.0, step=0.01, label="Top-p",
-                                          info="1 = off", elem_id="top-p")
+                                          elem_id="top-p")
+                    gr.Markdown("CFG 1 = no guidance · top-k 0 = off · top-p 1 = off", elem_classes=["hint"])
                     with gr.Accordion("Speculative decoding (SJD / SJD-PAC)", open=True):
                         with gr.Row():
-                            window = gr.Number(value=d.window, precision=0, label="L (window)",
-                                               info="drafts per pass", elem_id="window")
-                            depth = gr.Number(value=d.tree_depth, precision=0, label="D (tree depth)",
-                                              info="PD levels + 1", elem_id="tree-depth")
-                            width = gr.Number(value=d.tree_width, precision=0, label="K (tree width)",
-                                              info="candidates", elem_id="tree-width")
-                    with gr.Row():
-                        gen_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
-                        cmp_btn = gr.Button("Compare AR / SJD / SJD-PAC", variant="secondary",
-                                            elem_id="compare-btn")
-                        stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn", min_width=80)
-                    message = gr.Markdown(message_md([self.startup_error] if self.startup_error else []),
-                                          elem_id="message")
+                            window = gr.Number(value=d.window, precision=0, label="L: window",
+                                               elem_id="window", min_width=80)
+                            depth = gr.Number(value=d.tree_depth, precision=0, label="D: depth",
+                                              elem_id="tree-depth", min_width=80)
+                            width = gr.Number(value=d.tree_width, precision=0, label="K: width",
+                                              elem_id="tree-width", min_width=80)
+                        gr.Markdown("L: draft tokens verified per forward pass. D, K: SJD-PAC's tree of "
+                                    "K candidates at the D-1 positions after a rejection.",
+                                    elem_classes=["hint"])
 
                 with gr.Column(scale=7):
                     with gr.Tabs(selected="live") as tabs:
                         with gr.Tab("Live", id="live"):
-                            with gr.Row():
+                            stats = gr.HTML(stats_html({"status": "idle"}), elem_id="run-stats")
+                            with gr.Row(equal_height=True):
                                 preview = gr.Image(plots.placeholder_image(text="press Generate"),
-                                                   type="pil", format="png", label="Image", height=400,
-                                                   interactive=False, elem_id="preview-image", scale=5)
-                                with gr.Column(scale=6):
-                                    stats = gr.HTML(stats_html({"status": "idle"}), elem_id="run-stats")
-                                    hist_chart = gr.Image(plots.histogram_chart({}), type="pil",
-                                                          format="png", interactive=False,
-                                                          label="Acceptance-length histogram",
-                                                          elem_id="hist-chart", elem_classes=["chart"])
+                                                   type="pil", format="png", label="Image", height=360,
+                                                   interactive=False, elem_id="preview-image")
+                                hist_chart = gr.Image(plots.histogram_chart({}), type="pil", format="png",
+                                                      interactive=False, height=360,
+                                                      label="Acceptance-length histogram",
+                                                      elem_id="hist-chart", elem_classes=["chart"])
                             pass_chart = gr.Image(plots.tokens_per_pass_chart([]), type="pil", format="png",
                                                   interactive=False, label="Tokens accepted per forward pass",
                                                   elem_id="pass-chart", elem_classes=["chart"])

@@ -21,7 +21,8 @@ METHOD_COLORS: Dict[str, Color] = {
 }
 MEAN_COLOR: Color = (22, 163, 74)
 
-CHART_SIZE = (640, 240)
+CHART_SIZE = (760, 240)  # the per-pass chart spans the page
+HIST_SIZE = (440, 340)  # the histogram sits next to the square image
 DISPLAY_SIZE = 384  # the side the image panels aim for
 _MARGIN = (46, 14, 14, 34)  # left, top, right, bottom: room for tick labels
 
@@ -172,7 +173,7 @@ def tokens_per_pass_chart(
 
 
 def histogram_chart(
-    histogram: Dict[int, int], method: str = "sjd_pac", size: Tuple[int, int] = CHART_SIZE,
+    histogram: Dict[int, int], method: str = "sjd_pac", size: Tuple[int, int] = HIST_SIZE,
     max_length: int = 128, min_span: int = 12,
 ) -> Image.Image:
     """Bars: how many forward passes committed 1, 2, 3, ... tokens."""

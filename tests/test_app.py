@@ -90,8 +90,12 @@ def args_for(spec: str, model: sp.ARImageModel, **changes) -> List[object]:
 
 
 def reference_stats(model: sp.ARImageModel, method: str, verify: str = "gumbel", seed: int = 0) -> sp.RunStats:
-    config = model.defaults.sampler_config(method=method, verify=verify)
-    return sp.generate_image(model, PROMPT, config, seed=seed).stats
+    """What the sampler itself reports for the app's default settings (cached: runs cost seconds)."""
+    key = ("reference", id(model), method, verify, seed)
+    if key not in _SHARED:
+        config = model.defaults.sampler_config(method=method, verify=verify)
+        _SHARED[key] = sp.generate_image(model, PROMPT, config, seed=seed).stats
+    return _SHARED[key]
 
 
 # --- pure pieces -------------------------------------------------------------------------------
@@ -116,6 +120,17 @@ def test_defaults_are_local_and_private():
     assert (args.host, args.port, args.model) == ("127.0.0.1", 7860, "demo")
     assert os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
     assert launch_kwargs()["share"] is False
+
+
+def test_model_list_offers_demo_and_local_folders(tmp_path):
+    for name in ("lumina_7b", "janus_pro"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+    (tmp_path / "not_a_model").mkdir()
+    values = [value for _, value in ModelManager(tmp_path).choices()]
+    assert values == ["demo", str((tmp_path / "janus_pro").resolve()), str((tmp_path / "lumina_7b").resolve())]
+    with pytest.raises(sp.ModelLoadError, match="not a Hugging Face model folder"):
+        ModelManager(tmp_path).get(tmp_path / "not_a_model")
 
 
 def test_oom_and_other_errors_read_as_one_sentence():

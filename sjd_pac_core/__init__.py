@@ -15,7 +15,7 @@ from .generate import ImageResult, generate_image
 from .models.base import DecoderSession, TokenModel
 from .models.causal_lm import CausalLMAdapter, NotACausalLMError
 from .models.image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
-from .models.loader import ModelLoadError, list_model_folders, load_model
+from .models.loader import ModelLoadError, list_model_folders, load_model, resolve_device, resolve_folder
 from .sampling.recipe import SamplingRecipe, TokenConstraints
 
 __version__ = "0.1.0"
@@ -43,5 +43,7 @@ __all__ = [
     "generate_image",
     "list_model_folders",
     "load_model",
+    "resolve_device",
+    "resolve_folder",
     "sample_tokens",
 ]

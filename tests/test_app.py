@@ -35,7 +35,10 @@ _SHARED: Dict[str, object] = {}  # one model and one server per test session (bo
 def app_model(request) -> Tuple[str, sp.ARImageModel]:
     """(spec, model): the bundled demo once its weights exist, else a smoke-trained checkpoint."""
     if "model" not in _SHARED:
-        if DEMO_READY:
+        override = os.environ.get("SJD_PAC_APP_TEST_MODEL")  # e.g. a partly trained demo run
+        if override:
+            _SHARED["model"] = (runner.canonical_spec(override), sp.load_model(override, device="cpu"))
+        elif DEMO_READY:
             _SHARED["model"] = ("demo", request.getfixturevalue("demo_model"))
         else:
             folder = request.getfixturevalue("smoke_demo_folder")
@@ -131,6 +134,16 @@ def test_model_list_offers_demo_and_local_folders(tmp_path):
     assert values == ["demo", str((tmp_path / "janus_pro").resolve()), str((tmp_path / "lumina_7b").resolve())]
     with pytest.raises(sp.ModelLoadError, match="not a Hugging Face model folder"):
         ModelManager(tmp_path).get(tmp_path / "not_a_model")
+
+
+def test_app_starts_and_serves_even_if_the_start_model_is_missing(app_model, tmp_path):
+    spec, model = app_model
+    app = SjdPacApp(ModelManager(None, device="cpu"), str(tmp_path / "missing"))
+    app.preload()
+    assert "does not exist" in app.startup_error
+    app.build()  # the page renders, with the error shown and generic controls
+    out = app.select_model(spec, "")  # picking a working model fills in its family's defaults
+    assert app.manager.spec == runner.canonical_spec(spec) and out[4] == model.defaults.cfg_scale
 
 
 def test_oom_and_other_errors_read_as_one_sentence():

@@ -31,6 +31,7 @@ from .runner import (
     canonical_spec,
     check_seed,
     device_label,
+    free_memory,
     friendly_error,
     run_summary,
     stream_generation,
@@ -319,6 +320,7 @@ class SjdPacApp:
             encoding = model.encode_prompt(prompt or "", negative_prompt or "", resolution or None)
         except Exception as exc:
             message = friendly_error(exc)
+            free_memory()  # a load that ran out of memory leaves half a model behind
             gr.Warning(message)
             yield self._status_outputs(live, "failed", errors=[message])
             return None
@@ -367,7 +369,7 @@ class SjdPacApp:
         return (
             gr.Tabs(selected="live") if select_tab else gr.skip(),
             self._image_for(model, update),
-            plots.tokens_per_pass_chart(lengths, method, min_passes=total if method == "ar" else 0),
+            plots.tokens_per_pass_chart(lengths, method, min_passes=total if method == "ar" else 24),
             plots.histogram_chart(stats.histogram() if stats else {}, method),
             stats_html(summary),
             message_md(errors, notes),

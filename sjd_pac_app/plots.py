@@ -105,7 +105,9 @@ class _Axes:
         left, right = self.x(x0), self.x(x1)
         if right - left >= 3:  # leave a gap between wide bars, none between 1-px ones
             right -= 1
-        self.draw.rectangle([left, self.y(height), max(left, right - 1), self.box[3] - 1], fill=color)
+        bottom = self.box[3] - 1
+        top = min(self.y(height), bottom)  # a short bar under a tall axis is still 1 px high
+        self.draw.rectangle([left, top, max(left, right - 1), bottom], fill=color)
 
     def hline(self, value: float, color: Color, label: str, dashed: bool = False) -> None:
         y = self.y(value)
@@ -139,28 +141,30 @@ class _Axes:
 
 def tokens_per_pass_chart(
     accept_lengths: Sequence[int], method: str = "sjd_pac", size: Tuple[int, int] = CHART_SIZE,
-    min_passes: int = 0,
+    min_passes: int = 24,
 ) -> Image.Image:
     """Bars: image tokens committed by each forward pass (prefill = pass 0); lines: plain AR's
     one token per pass and this run's mean (the step compression)."""
     n = len(accept_lengths)
     color = METHOD_COLORS.get(method, METHOD_COLORS["sjd_pac"])
-    y_max = _nice_max(max(accept_lengths, default=1) * 1.15)
+    width_px = size[0] - _MARGIN[0] - _MARGIN[2]
+    if n <= width_px:
+        bars = [(i, i + 1, float(v)) for i, v in enumerate(accept_lengths)]
+    else:  # thousands of AR passes: one bar per pixel column, the bin's mean
+        per = n / width_px
+        bars = []
+        for col in range(width_px):
+            lo, hi = int(col * per), max(int((col + 1) * per), int(col * per) + 1)
+            chunk = accept_lengths[lo:hi]
+            bars.append((lo, hi, sum(chunk) / len(chunk)))
+    y_max = _nice_max(max((b[2] for b in bars), default=1) * 1.15)
     span = max(n, min_passes, 1)
     axes = _Axes(size, y_max, 0, span)
     if n == 0:
         axes.note("waiting for the first forward pass")
         return axes.image
-    width_px = axes.box[2] - axes.box[0]
-    if n <= width_px:
-        for i, value in enumerate(accept_lengths):
-            axes.bar(i, i + 1, value, color)
-    else:  # thousands of AR passes: one bar per pixel column, the bin's mean
-        per = n / width_px
-        for col in range(width_px):
-            lo, hi = int(col * per), max(int((col + 1) * per), int(col * per) + 1)
-            chunk = accept_lengths[lo:hi]
-            axes.bar(lo, hi, sum(chunk) / len(chunk), color)
+    for x0, x1, value in bars:
+        axes.bar(x0, x1, value, color)
     for tick in _ticks(span, 5):
         if tick < span:
             axes.x_tick(tick + 0.5 if span <= 40 else tick, str(tick))

@@ -146,6 +146,19 @@ def test_app_starts_and_serves_even_if_the_start_model_is_missing(app_model, tmp
     assert app.manager.spec == runner.canonical_spec(spec) and out[4] == model.defaults.cfg_scale
 
 
+def test_charts_cover_short_long_and_empty_runs():
+    from sjd_pac_app import plots
+
+    for lengths in ([], [1], [1] * 2357, [1, 5, 64, 3] * 900, [1, 300, 2]):
+        chart = plots.tokens_per_pass_chart(lengths, "sjd_pac")
+        hist = plots.histogram_chart(plots.stats_histogram(lengths), "ar")
+        assert chart.size == plots.CHART_SIZE and hist.size == plots.HIST_SIZE
+    assert plots.stats_histogram([1, 3, 1]) == {1: 2, 3: 1}
+    big = plots.upscale_for_display(plots.placeholder_image(768))
+    small = plots.upscale_for_display(plots.placeholder_image(64))
+    assert big.size == (512, 512) and small.size == (384, 384)
+
+
 def test_oom_and_other_errors_read_as_one_sentence():
     message = runner.friendly_error(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
     assert message.startswith("Out of memory") and "lower L or K" in message

@@ -33,6 +33,10 @@ def test_generate_in_the_browser_shows_image_chart_and_stats(served_app, app_mod
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 1100})
+            outside: list = []  # the page must load nothing from outside this machine
+            page.on("request", lambda r: outside.append(r.url)
+                    if r.url.split(":", 1)[0] in ("http", "https", "ws", "wss")
+                    and not r.url.split("//", 1)[1].startswith(("127.0.0.1", "localhost")) else None)
             page.goto(url, wait_until="domcontentloaded")
             page.wait_for_selector("#run-stats [data-status='idle']", timeout=30_000)
 
@@ -53,6 +57,7 @@ def test_generate_in_the_browser_shows_image_chart_and_stats(served_app, app_mod
                     arg=selector, timeout=15_000,
                 )
             assert "⚠" not in page.inner_text("#message")
+            assert outside == [], f"the page requested outside URLs: {outside[:5]}"
 
             page.screenshot(path=str(tmp_path / "app.png"), full_page=True)
             target = os.environ.get("SJD_PAC_APP_SCREENSHOT")

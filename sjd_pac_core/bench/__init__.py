@@ -1,0 +1,1 @@
+"""sjd-pac bench: speed and exactness evidence (see docs/benchmark.md)."""

@@ -1,0 +1,263 @@
+"""`sjd-pac bench` (speed: the paper's tables on our models) and `sjd-pac lossless` (exactness).
+
+    sjd-pac bench                                   # demo model, the paper's grid, all demo prompts
+    sjd-pac bench --prompts 4 --methods ar,sjd@32,sjd-pac@64,sjd-pac@auto --out runs/quick
+    sjd-pac bench --model /models/Lumina-mGPT-7B-768 --prompt-set general --prompts 50 --threads 0
+    sjd-pac lossless                                # == sjd-pac bench --check-lossless
+
+Writes results.json, results.md and the PNG figures into --out (see docs/benchmark.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import torch
+
+from .runner import DEFAULT_METHODS, MethodSpec, load_prompts, parse_methods
+
+LOSSLESS_METHODS = "sjd-pac@64"
+LOSSLESS_PROMPTS = 2
+LOSSLESS_SEEDS = "0-149"
+
+
+def parse_seeds(text: str) -> List[int]:
+    """'0', '0,3,7', '0-9' or a mix: '0-4,10'."""
+    seeds: List[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        try:
+            if dash:
+                seeds.extend(range(int(lo), int(hi) + 1))
+            else:
+                seeds.append(int(part))
+        except ValueError:
+            raise ValueError(f"--seeds {text!r}: use integers, lists (0,1,2) or ranges (0-9).") from None
+    if not seeds:
+        raise ValueError("--seeds is empty.")
+    return seeds
+
+
+def _common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="demo", help="'demo' or a local checkpoint folder (anything load_model accepts)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--prompt-set", default=None,
+                   help="demo, general or a text file (one prompt per line); default: demo for the demo "
+                        "model, general otherwise")
+    p.add_argument("--prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--seeds", default=None, help="seeds: 0 | 0,1,2 | 0-9 (bench default 0; lossless 0-149)")
+    p.add_argument("--methods", default=None,
+                   help=f"comma-separated grid (default: {DEFAULT_METHODS}); sjd+pd / sjd+ac are SJD-PAC "
+                        "with only one of its two parts")
+    p.add_argument("--out", default=None, help="output folder (default runs/bench or runs/lossless)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: repeatable on a shared machine; 0 = torch's default)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _lossless_args(p: argparse.ArgumentParser, in_bench: bool) -> None:
+    g = p.add_argument_group("lossless check" + (" (with --check-lossless)" if in_bench else ""))
+    g.add_argument("--ar-source", choices=["auto", "reference", "loop"], default="auto",
+                   help="AR samples from the demo's batched reference sampler (auto: when it applies) "
+                        "or the library's own AR loop")
+    g.add_argument("--control-temperature", type=float, default=0.9,
+                   help="negative control: AR at this fraction of the temperature must FAIL (0 = none)")
+    g.add_argument("--gumbel-pairs", type=int, default=3, help="(prompt, seed) pairs for the token-identical check")
+    g.add_argument("--permutations", type=int, default=999)
+
+
+def add_bench_parser(subparsers, add_sampler_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    bench = subparsers.add_parser(
+        "bench", help="benchmark AR / SJD / SJD-PAC: step compression, latency speedup, overhead, plots",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common_args(bench)
+    bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each method")
+    bench.add_argument("--no-plots", action="store_true")
+    bench.add_argument("--locality-samples", type=int, default=4,
+                       help="AR samples for the locality curve (demo model; 0 = skip)")
+    bench.add_argument("--check-lossless", action="store_true",
+                       help="run the lossless check (two-sample tests vs AR + gumbel identity) instead")
+    _lossless_args(bench, in_bench=True)
+    add_sampler_args(bench)
+    bench.set_defaults(func=_bench, method=None)
+
+    lossless = subparsers.add_parser(
+        "lossless", help="show losslessness: two-sample tests AR vs SJD-PAC, gumbel token identity",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common_args(lossless)
+    _lossless_args(lossless, in_bench=False)
+    add_sampler_args(lossless)
+    lossless.set_defaults(func=_lossless, method=None)
+
+
+# --- shared setup ------------------------------------------------------------------------------
+
+
+def _grid_from_args(args, default: str) -> List[MethodSpec]:
+    single = args.method is not None or args.window is not None or args.no_ac or args.no_pd
+    if args.methods and single:
+        raise ValueError("Give the grid either with --methods or with --method/--window/--no-ac/--no-pd, not both.")
+    if single:
+        method = args.method or "sjd_pac"
+        window = args.window if args.window is not None else 64
+        variant = {"ar": "ar", "sjd": "sjd"}.get(method) or (
+            "sjd-pac" if not (args.no_ac or args.no_pd) else ("sjd+pd" if args.no_ac else "sjd+ac"))
+        if args.no_ac and args.no_pd and method == "sjd_pac":
+            variant = "sjd"
+        specs = [MethodSpec("ar")]
+        if variant != "ar":
+            specs.append(MethodSpec(variant, window))
+        return specs
+    return parse_methods(args.methods or default)
+
+
+def _base_config(model, args):
+    overrides = dict(verify=args.verify)
+    for name, value in [("tree_depth", args.tree_depth), ("tree_width", args.tree_width), ("cfg_scale", args.cfg),
+                        ("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p)]:
+        if value is not None:
+            overrides[name] = value
+    return model.defaults.sampler_config(**overrides)
+
+
+def _setup(args):
+    import sjd_pac_core as sp
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = sp.load_model(args.model, dtype=args.dtype, device=args.device)
+    prompt_set = args.prompt_set or ("demo" if model.family == "demo" else "general")
+    return model, prompt_set
+
+
+# --- bench -------------------------------------------------------------------------------------
+
+
+def _bench(args) -> int:
+    if args.check_lossless:
+        return _lossless(args)
+    from . import plots
+    from .runner import acceptance_histogram, measure_locality, run_bench, summarise, write_outputs
+
+    methods = _grid_from_args(args, DEFAULT_METHODS)
+    model, prompt_set = _setup(args)
+    prompts = load_prompts(prompt_set, args.prompts)
+    seeds = parse_seeds(args.seeds or "0")
+    base = _base_config(model, args)
+    out = Path(args.out or "runs/bench")
+    n_runs = len(prompts) * len(seeds) * len(methods)
+    if not args.quiet:
+        print(f"sjd-pac bench: {model.family} on {model.device}, {len(prompts)} prompts x {len(seeds)} seeds x "
+              f"{len(methods)} methods = {n_runs} runs, torch threads {torch.get_num_threads()}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. unknown prompt words: said once below, not per run
+        result = run_bench(model, prompts, seeds, methods, base, warmup=not args.no_warmup, progress=not args.quiet)
+    summary = summarise(result.runs, [m.key for m in methods])
+    figures: List[str] = []
+    extra = []
+    if not args.no_plots:
+        figures = _bench_plots(result, summary, out, args, model, plots, acceptance_histogram, measure_locality)
+        extra.append("figures: " + ", ".join(figures))
+    paths = write_outputs(result, out, extra_md="\n".join(extra))
+    if figures:  # the locality numbers also go into the JSON
+        data = json.loads(paths["json"].read_text())
+        data["figures"] = figures
+        data["locality"] = getattr(args, "_locality", None)
+        paths["json"].write_text(json.dumps(data, indent=1, default=float))
+    print(paths["markdown"].read_text())
+    print(f"wrote {paths['json']}, {paths['markdown']}" + (f" and {len(figures)} figures" if figures else ""))
+    return 0
+
+
+def _pick(summary, variant: str, prefer: Optional[int] = None) -> Optional[str]:
+    """The key of `variant` with the best step compression (or window `prefer` if present)."""
+    keys = [k for k in summary if k.split("@")[0] == variant and not k.endswith("@auto")]
+    if prefer is not None and f"{variant}@{prefer}" in keys:
+        return f"{variant}@{prefer}"
+    return max(keys, key=lambda k: summary[k]["step_compression"], default=None)
+
+
+def _bench_plots(result, summary, out: Path, args, model, plots, acceptance_histogram, measure_locality) -> List[str]:
+    from .runner import parse_method
+
+    written: List[str] = []
+    hist_keys = [k for k in (_pick(summary, "sjd", 32), _pick(summary, "sjd-pac")) if k]
+    if not hist_keys:  # any windowed method will do
+        hist_keys = [k for k in summary if k != "ar"][:2]
+    if hist_keys:
+        hists = {parse_method(k).label: acceptance_histogram(result.runs, k) for k in hist_keys}
+        written.append(plots.acceptance_histograms(hists, out / "acceptance_hist.png").name)
+    if any("@" in k for k in summary):
+        written.append(plots.compression_vs_window(summary, out / "compression_vs_L.png").name)
+    if "ar" in summary and len(summary) > 1:
+        labels = {k: parse_method(k).label for k in summary}
+        written.append(plots.speedup_bars(summary, labels, out / "speedup.png").name)
+    if args.locality_samples > 0:
+        start = time.perf_counter()
+        loc = measure_locality(model, samples=args.locality_samples)
+        if loc is not None:
+            loc["seconds"] = time.perf_counter() - start
+            args._locality = loc
+            written.append(plots.locality_curve(loc["tv"], out / "locality.png", row_length=loc["row_length"]).name)
+        elif not args.quiet:
+            print("locality curve: only for the demo model (sjd_pac_core.demo.calibrate); skipped")
+    return written
+
+
+# --- lossless ----------------------------------------------------------------------------------
+
+
+def _lossless(args) -> int:
+    from .lossless import check_lossless, markdown_report
+
+    methods = _grid_from_args(args, LOSSLESS_METHODS)
+    model, prompt_set = _setup(args)
+    prompts = load_prompts(prompt_set, args.prompts or LOSSLESS_PROMPTS)
+    seeds = parse_seeds(args.seeds or LOSSLESS_SEEDS)
+    base = _base_config(model, args)
+    out = Path(args.out or "runs/lossless")
+    out.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = check_lossless(model, prompts, seeds, methods, base, ar_source=args.ar_source,
+                                control_temperature=args.control_temperature or None,
+                                gumbel_pairs=args.gumbel_pairs, permutations=args.permutations,
+                                progress=not args.quiet)
+    images = result.pop("gumbel_images")
+    if images:
+        _image_pairs(images, out / "gumbel_pairs.png")
+    (out / "lossless.json").write_text(json.dumps(result, indent=1, default=float))
+    report = markdown_report(result)
+    (out / "lossless.md").write_text(report + "\n")
+    print(report)
+    print(f"wrote {out / 'lossless.json'}, {out / 'lossless.md'}" + (", gumbel_pairs.png" if images else ""))
+    return 0 if result["passed"] else 1
+
+
+def _image_pairs(rows, path: Path, scale: int = 3) -> None:
+    """AR's picture next to SJD-PAC's for the same seed (verify='gumbel': they must be identical)."""
+    from PIL import Image, ImageDraw
+
+    from .plots import TEXT, WHITE, _font
+
+    w, h = rows[0][0][1].size
+    side = max(1, min(scale, 256 // max(w, h))) if max(w, h) < 256 else 1
+    cell_w, cell_h = w * side, h * side
+    cols = len(rows[0])
+    img = Image.new("RGB", (cols * (cell_w + 10) + 10, len(rows) * (cell_h + 24) + 10), WHITE)
+    draw = ImageDraw.Draw(img)
+    for r, row in enumerate(rows):
+        for c, (label, picture) in enumerate(row):
+            x, y = 10 + c * (cell_w + 10), 10 + r * (cell_h + 24)
+            draw.text((x, y), label, fill=TEXT, font=_font(12))
+            img.paste(picture.convert("RGB").resize((cell_w, cell_h), Image.NEAREST), (x, y + 18))
+    img.save(path, optimize=True)

@@ -1,0 +1,489 @@
+"""The benchmark: a grid of methods run interleaved per prompt, summarised as the paper's tables.
+
+    from sjd_pac_core.bench.runner import parse_methods, run_bench, write_outputs
+    result = run_bench(model, prompts, seeds=[0], methods=parse_methods(DEFAULT_METHODS))
+    write_outputs(result, "runs/bench")        # results.json, results.md (+ plots via plots.py)
+
+Every number comes from the `RunStats` of `generate_image` (the one entry point of the CLI,
+nodes, app and benchmark) plus one external clock around the call:
+
+* latency: wall-clock seconds of the whole `generate_image` call (prompt encoding, sampling,
+  decoding) -- what a user waits. Speedup over AR = AR latency / method latency for the same
+  prompt and seed in the same run, so machine load that hits both cancels out; we report the
+  median over (prompt, seed) pairs and the interquartile range.
+* step compression: image tokens / forward passes (pooled over runs; AR = 1.00x).
+* mean accepted length: tokens committed per verification pass (the prefill pass excluded).
+* sampler overhead: time of a pass outside the model's forward (`wall_time - forward_time` of
+  each PassRecord), per pass and as a fraction of the forward time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+import torch
+
+from ..config import SamplerConfig
+from ..generate import generate_image
+from ..models.image_model import ARImageModel
+
+PROMPT_DIR = Path(__file__).resolve().parent / "prompts"
+PROMPT_SETS = ("demo", "general")
+
+# The paper's tables (spec section 6): AR; SJD at L=16, 32; SJD+PD, SJD+AC, SJD-PAC at L=32, 64;
+# plus SJD-PAC with the window chosen from measured costs.
+DEFAULT_METHODS = (
+    "ar,sjd@16,sjd@32,sjd+pd@32,sjd+ac@32,sjd-pac@32,sjd+pd@64,sjd+ac@64,sjd-pac@64,sjd-pac@auto"
+)
+
+_VARIANTS = {
+    # name: (method, adaptive_continuation, proactive_drafting, label)
+    "ar": ("ar", False, False, "AR"),
+    "sjd": ("sjd", False, False, "SJD"),
+    "sjd+pd": ("sjd_pac", False, True, "SJD+PD"),
+    "sjd+ac": ("sjd_pac", True, False, "SJD+AC"),
+    "sjd-pac": ("sjd_pac", True, True, "SJD-PAC"),
+}
+_ALIASES = {"sjd_pac": "sjd-pac", "pac": "sjd-pac", "sjd+pd+ac": "sjd-pac", "sjd+ac+pd": "sjd-pac",
+            "sjd-pd": "sjd+pd", "sjd-ac": "sjd+ac"}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One column of the grid: a variant and a window (None for AR)."""
+
+    variant: str  # ar, sjd, sjd+pd, sjd+ac, sjd-pac
+    window: Union[int, str, None] = None
+
+    @property
+    def key(self) -> str:
+        return self.variant if self.window is None else f"{self.variant}@{self.window}"
+
+    @property
+    def label(self) -> str:
+        name = _VARIANTS[self.variant][3]
+        return name if self.window is None else f"{name} L={self.window}"
+
+    def config(self, base: SamplerConfig) -> SamplerConfig:
+        method, ac, pd, _ = _VARIANTS[self.variant]
+        changes = dict(method=method, adaptive_continuation=ac, proactive_drafting=pd)
+        if self.window is not None:
+            changes["window"] = self.window
+        return base.with_(**changes)
+
+
+def parse_method(text: str) -> MethodSpec:
+    """'ar', 'sjd@32', 'sjd+pd@64', 'sjd+ac@32', 'sjd-pac@64', 'sjd-pac@auto' -> MethodSpec."""
+    name, _, window = text.strip().lower().partition("@")
+    name = _ALIASES.get(name, name)
+    if name not in _VARIANTS:
+        raise ValueError(
+            f"Unknown method {text!r} in --methods; use ar, sjd@L, sjd+pd@L, sjd+ac@L or sjd-pac@L "
+            "(L an integer or auto), comma-separated."
+        )
+    if name == "ar":
+        if window:
+            raise ValueError(f"AR has no window; write 'ar', not {text!r}.")
+        return MethodSpec("ar")
+    if not window:
+        raise ValueError(f"Method {text!r} needs a window, e.g. {name}@32 or {name}@auto.")
+    if window != "auto":
+        try:
+            window = int(window)
+        except ValueError:
+            raise ValueError(f"Window in {text!r} must be an integer or 'auto'.") from None
+        if window < 1:
+            raise ValueError(f"Window in {text!r} must be >= 1.")
+    return MethodSpec(name, window)
+
+
+def parse_methods(text: str) -> List[MethodSpec]:
+    specs = [parse_method(t) for t in text.split(",") if t.strip()]
+    if not specs:
+        raise ValueError("--methods is empty; give at least one, e.g. ar,sjd-pac@64.")
+    keys = [s.key for s in specs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"--methods names a method twice: {','.join(keys)}.")
+    return specs
+
+
+def load_prompts(source: str, limit: Optional[int] = None) -> List[str]:
+    """A prompt set by name ('demo', 'general') or a text file: one prompt per line, '#' comments."""
+    path = PROMPT_DIR / f"{source}.txt" if source in PROMPT_SETS else Path(source)
+    if not path.is_file():
+        raise ValueError(f"No prompt file {path}; use --prompt-set demo, general, or a text file path.")
+    prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    prompts = [p for p in prompts if p and not p.startswith("#")]
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts.")
+    return prompts[:limit] if limit else prompts
+
+
+# --- one run ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RunRecord:
+    """One generate_image call of the grid."""
+
+    method: str
+    prompt_index: int
+    seed: int
+    order: int  # position of this method among the back-to-back runs of its (prompt, seed)
+    tokens: int
+    forward_passes: int
+    step_compression: float  # RunStats.step_compression
+    latency_s: float  # wall clock of the whole generate_image call
+    sampler_s: float  # RunStats.wall_time: sum of the passes' wall times
+    forward_s: float  # RunStats.forward_time
+    accept_lengths: List[int]  # tokens committed per pass, prefill first
+    windows: List[int]  # draft window of each pass (what window="auto" chose)
+    tree_nodes: int  # PD side nodes fed over the run
+    kept_by_ac: int  # drafts AC kept over the run
+    token_digest: str  # sha1 of the tokens (equal tokens <=> equal digest)
+
+    @property
+    def overhead_s(self) -> float:
+        return self.sampler_s - self.forward_s
+
+
+def _digest(tokens: torch.Tensor) -> str:
+    return hashlib.sha1(tokens.cpu().to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+
+
+def run_one(model: ARImageModel, prompt: str, config: SamplerConfig, seed: int, method: str = "",
+            prompt_index: int = 0, order: int = 0) -> RunRecord:
+    start = time.perf_counter()
+    result = generate_image(model, prompt, config=config, seed=seed)
+    latency = time.perf_counter() - start
+    stats = result.stats
+    return RunRecord(
+        method=method or config.method, prompt_index=prompt_index, seed=seed, order=order,
+        tokens=stats.tokens_committed, forward_passes=stats.forward_passes,
+        step_compression=stats.step_compression, latency_s=latency, sampler_s=stats.wall_time,
+        forward_s=stats.forward_time, accept_lengths=list(stats.accept_lengths),
+        windows=[r.window for r in stats.records], tree_nodes=sum(r.tree_nodes for r in stats.records),
+        kept_by_ac=sum(r.kept_by_ac for r in stats.records), token_digest=_digest(result.tokens),
+    )
+
+
+# --- the grid --------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchResult:
+    model: Dict[str, str]
+    environment: Dict[str, object]
+    settings: Dict[str, object]
+    methods: List[MethodSpec]
+    prompts: List[str]
+    seeds: List[int]
+    runs: List[RunRecord] = field(default_factory=list)
+    warmup_s: float = 0.0
+    total_s: float = 0.0
+
+    def runs_of(self, key: str) -> List[RunRecord]:
+        return [r for r in self.runs if r.method == key]
+
+    def summary(self) -> Dict[str, dict]:
+        return summarise(self.runs, [m.key for m in self.methods])
+
+
+def _loadavg() -> Optional[List[float]]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):  # pragma: no cover - not on every OS
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:  # pragma: no cover
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):  # pragma: no cover
+        return None
+
+
+def environment(model: ARImageModel) -> Dict[str, object]:
+    device = model.device
+    env = {
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "cpu": _cpu_name(),
+        "loadavg_start": _loadavg(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "git_commit": _git_commit(),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def _sync(model: ARImageModel) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+
+
+def run_bench(
+    model: ARImageModel,
+    prompts: Sequence[str],
+    seeds: Sequence[int],
+    methods: Sequence[MethodSpec],
+    base_config: Optional[SamplerConfig] = None,
+    warmup: bool = True,
+    progress: bool = True,
+    on_run: Optional[Callable[[RunRecord], None]] = None,
+) -> BenchResult:
+    """Run every method on every (prompt, seed), the methods of one pair back to back.
+
+    The order of the methods rotates from one (prompt, seed) to the next, so no method always
+    runs first (cold caches) or last. Warm-up: one untimed run of every method (this also
+    measures and caches the auto window's cost curve) before any timed run.
+    """
+    from tqdm import tqdm
+
+    base = base_config or model.defaults.sampler_config()
+    result = BenchResult(
+        model={"family": model.family, "name": getattr(model, "name", "") or model.family},
+        environment=environment(model),
+        settings={
+            "base_config": {k: v for k, v in asdict(base).items() if k not in ("method", "window")},
+            "methods": [m.key for m in methods],
+            "warmup": warmup,
+            "interleaved": "methods back to back per (prompt, seed), order rotated per pair",
+            "latency": "wall clock of generate_image (encode + sample + decode)",
+        },
+        methods=list(methods),
+        prompts=list(prompts),
+        seeds=list(seeds),
+    )
+    t0 = time.perf_counter()
+    if warmup:
+        for spec in tqdm(methods, desc="warm-up", disable=not progress, leave=False):
+            generate_image(model, prompts[0], config=spec.config(base), seed=10_000_019)
+        _sync(model)
+    result.warmup_s = time.perf_counter() - t0
+
+    pairs = [(i, s) for i in range(len(prompts)) for s in seeds]
+    bar = tqdm(total=len(pairs) * len(methods), unit="run", desc="bench", disable=not progress)
+    for pair_index, (i, seed) in enumerate(pairs):
+        shift = pair_index % len(methods)
+        order = list(methods[shift:]) + list(methods[:shift])
+        for position, spec in enumerate(order):
+            bar.set_description(f"bench {spec.key}")
+            record = run_one(model, prompts[i], spec.config(base), seed, spec.key, i, position)
+            result.runs.append(record)
+            if on_run is not None:
+                on_run(record)
+            bar.update(1)
+        ar = [r for r in result.runs if r.method == "ar"]
+        best = summarise(result.runs, [m.key for m in methods])
+        fastest = max((v for v in best.values() if v.get("speedup_median")), default=None,
+                      key=lambda v: v["speedup_median"])
+        if ar and fastest:
+            bar.set_postfix(best=f"{fastest['method']} {fastest['speedup_median']:.2f}x")
+    bar.close()
+    result.total_s = time.perf_counter() - t0
+    result.environment["loadavg_end"] = _loadavg()
+    return result
+
+
+# --- summary ---------------------------------------------------------------------------------
+
+
+def _quantiles(values: Sequence[float]) -> Dict[str, float]:
+    xs = sorted(values)
+    if len(xs) == 1:
+        return {"median": xs[0], "q25": xs[0], "q75": xs[0]}
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return {"median": statistics.median(xs), "q25": q[0], "q75": q[2]}
+
+
+def summarise(runs: Sequence[RunRecord], keys: Iterable[str]) -> Dict[str, dict]:
+    """Per method: the table's columns (see the module docstring and docs/benchmark.md)."""
+    ar_latency = {(r.prompt_index, r.seed): r.latency_s for r in runs if r.method == "ar"}
+    out: Dict[str, dict] = {}
+    for key in keys:
+        rs = [r for r in runs if r.method == key]
+        if not rs:
+            continue
+        tokens = sum(r.tokens for r in rs)
+        passes = sum(r.forward_passes for r in rs)
+        fwd = sum(r.forward_s for r in rs)
+        over = sum(r.overhead_s for r in rs)
+        verify = [n for r in rs for n in r.accept_lengths[1:]]  # the prefill always commits one
+        lat = _quantiles([r.latency_s for r in rs])
+        row = {
+            "method": key,
+            "runs": len(rs),
+            "tokens_per_image": tokens / len(rs),
+            "forward_passes_mean": passes / len(rs),
+            "step_compression": tokens / passes,
+            "step_compression_per_run": _quantiles([r.step_compression for r in rs]),
+            "latency_s": lat,
+            "tokens_per_second": tokens / sum(r.latency_s for r in rs),
+            "mean_accepted_length": sum(verify) / len(verify) if verify else float("nan"),
+            "one_token_pass_fraction": sum(1 for n in verify if n == 1) / len(verify) if verify else float("nan"),
+            "overhead_ms_per_pass": 1000.0 * over / passes,
+            "forward_ms_per_pass": 1000.0 * fwd / passes,
+            "overhead_pct_of_forward": 100.0 * over / fwd if fwd > 0 else float("nan"),
+            "outside_sampler_ms_per_image": 1000.0 * sum(r.latency_s - r.sampler_s for r in rs) / len(rs),
+            "window_median": statistics.median([w for r in rs for w in r.windows[1:]] or [0]),
+        }
+        speedups = [ar_latency[(r.prompt_index, r.seed)] / r.latency_s
+                    for r in rs if (r.prompt_index, r.seed) in ar_latency and r.latency_s > 0]
+        if speedups and key != "ar":
+            q = _quantiles(speedups)
+            row.update(speedup_median=q["median"], speedup_q25=q["q25"], speedup_q75=q["q75"],
+                       speedup_min=min(speedups), speedup_max=max(speedups),
+                       slower_than_ar_fraction=sum(1 for s in speedups if s < 1.0) / len(speedups))
+        elif key == "ar":
+            row.update(speedup_median=1.0, speedup_q25=1.0, speedup_q75=1.0)
+        out[key] = row
+    return out
+
+
+def acceptance_histogram(runs: Sequence[RunRecord], key: str) -> Dict[int, int]:
+    """{tokens committed by a verification pass: passes} over all runs of one method."""
+    hist: Dict[int, int] = {}
+    for r in runs:
+        if r.method == key:
+            for n in r.accept_lengths[1:]:
+                hist[n] = hist.get(n, 0) + 1
+    return dict(sorted(hist.items()))
+
+
+# --- outputs ---------------------------------------------------------------------------------
+
+def _label(key: str) -> str:
+    try:
+        return parse_method(key).label
+    except ValueError:
+        return key
+
+
+def markdown_table(summary: Dict[str, dict]) -> str:
+    head = ("| method | forward passes | step compression | latency s (median) | latency speedup vs AR, "
+            "median [IQR] | tokens/s | mean accepted length | 1-token passes | overhead ms/pass | "
+            "overhead % of forward |")
+    rule = "|" + "---|" * 10
+    lines = [head, rule]
+    for key, row in summary.items():
+        if row.get("speedup_median") is not None:
+            speed = f"{row['speedup_median']:.2f}x [{row['speedup_q25']:.2f}-{row['speedup_q75']:.2f}]"
+        else:
+            speed = "-"
+        window = f" (median L {row['window_median']:g})" if key.endswith("@auto") else ""
+        lines.append(
+            f"| {_label(key)}{window} | {row['forward_passes_mean']:.1f} | {row['step_compression']:.2f}x | "
+            f"{row['latency_s']['median']:.2f} | {speed} | {row['tokens_per_second']:.1f} | "
+            f"{row['mean_accepted_length']:.2f} | {100 * row['one_token_pass_fraction']:.0f}% | "
+            f"{row['overhead_ms_per_pass']:.2f} | {row['overhead_pct_of_forward']:.1f}% |"
+        )
+    return "\n".join(lines)
+
+
+def header_text(result: BenchResult) -> str:
+    env = result.environment
+    device = env.get("gpu") or env["cpu"]
+    cfg = result.settings["base_config"]
+    recipe = ", ".join(f"{k}={cfg[k]}" for k in ("cfg_scale", "temperature", "top_k", "top_p", "verify"))
+    return (
+        f"model: {result.model['family']} ({result.model['name']}) on {env['device']} ({device}); "
+        f"torch threads {env['torch_threads']} of {env['cpu_count']} CPUs; load average "
+        f"{env.get('loadavg_start')} at start, {env.get('loadavg_end')} at end\n"
+        f"{len(result.prompts)} prompts x {len(result.seeds)} seeds, methods interleaved per prompt; "
+        f"D={cfg['tree_depth']}, K={cfg['tree_width']}; {recipe}; "
+        f"{env['date_utc']}, commit {env.get('git_commit')}, torch {env['torch']}; "
+        f"benchmark {result.total_s / 60:.1f} min (warm-up {result.warmup_s:.0f} s)"
+    )
+
+
+def to_json(result: BenchResult) -> dict:
+    summary = result.summary()
+    return {
+        "model": result.model,
+        "environment": result.environment,
+        "settings": result.settings,
+        "prompts": result.prompts,
+        "seeds": result.seeds,
+        "methods": [{"key": m.key, "label": m.label, "variant": m.variant, "window": m.window}
+                    for m in result.methods],
+        "summary": summary,
+        "histograms": {m.key: acceptance_histogram(result.runs, m.key) for m in result.methods},
+        "runs": [dict(asdict(r), overhead_s=r.overhead_s) for r in result.runs],
+        "warmup_s": result.warmup_s,
+        "total_s": result.total_s,
+    }
+
+
+def write_outputs(result: BenchResult, out_dir: Union[str, Path], extra_md: str = "") -> Dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = to_json(result)
+    paths = {"json": out / "results.json", "markdown": out / "results.md"}
+    paths["json"].write_text(json.dumps(data, indent=1, default=float), encoding="utf-8")
+    md = "\n\n".join(x for x in [header_text(result), markdown_table(data["summary"]), extra_md] if x)
+    paths["markdown"].write_text(md + "\n", encoding="utf-8")
+    return paths
+
+
+# --- locality ---------------------------------------------------------------------------------
+
+
+def measure_locality(model: ARImageModel, samples: int = 4, perturb: int = 16, seed: int = 0,
+                     max_distance: int = 32) -> Optional[Dict[str, object]]:
+    """The locality curve of the demo model, by the demo engineer's calibration code
+    (`sjd_pac_core.demo.calibrate`): mean total variation of p_{i+d} after changing the token
+    at i, on the model's own AR samples. None for other families."""
+    demo = getattr(model, "demo", None)
+    if demo is None:
+        return None
+    import argparse
+    import tempfile
+
+    from ..demo import calibrate
+
+    if hasattr(calibrate, "entropy_and_locality"):
+        from ..demo.model import reference_ar_sample
+
+        vocab = demo.vocab
+        allowed = vocab.allowed_tokens()
+        free = ~torch.zeros(vocab.num_image_tokens, dtype=torch.bool).index_fill_(0, vocab.eol_positions(), True)
+        caps = (calibrate.CAPTIONS * samples)[:samples]
+        with torch.no_grad():
+            toks = reference_ar_sample(demo, caps, seed=seed)
+        res: Dict[str, object] = {}
+        calibrate.entropy_and_locality(demo, caps, toks, allowed, free,
+                                       argparse.Namespace(seed=seed, perturb=perturb), res)
+    else:  # older calibrate.py: everything lives in main()
+        with tempfile.TemporaryDirectory() as tmp:
+            res = calibrate.main(["--weights", demo.path, "--out", f"{tmp}/cal.json", "--samples", str(samples),
+                                  "--perturb", str(perturb), "--sjd-runs", "1", "--seed", str(seed),
+                                  "--threads", str(torch.get_num_threads())])
+    tv = [float(v) for _, v in sorted(res["locality_tv"].items(), key=lambda kv: int(kv[0]))][:max_distance]
+    return {"tv": tv, "row_length": demo.vocab.row_length, "samples": samples, "perturb": perturb,
+            "entropy_nats": res.get("entropy_nats_T1"), "source": "sjd_pac_core.demo.calibrate"}

@@ -223,6 +223,7 @@ class SjdPacApp:
         self.manager = manager
         self.initial_model = initial_model
         self.interval = interval  # seconds between live updates
+        self._next_preview = 0.0  # perf_counter time before which no new preview is drawn
         self.jobs = JobRegistry()
         self.startup_error = ""
 
@@ -339,12 +340,16 @@ class SjdPacApp:
     def _image_for(self, model: sp.ARImageModel, update: Update) -> Any:
         if update.result is not None:
             return plots.upscale_for_display(update.result.images[0])
-        if update.progress is None:
+        if update.progress is None or time.perf_counter() < self._next_preview:
             return gr.skip()
+        start = time.perf_counter()
         try:
             preview = model.preview(update.progress.tokens)
         except Exception:  # a preview is a nicety; never let it end a run
             preview = None
+        # A family whose preview decodes the whole image (large VQ decoders) would otherwise
+        # compete with the sampler for the device: spend at most ~1/4 of the time on previews.
+        self._next_preview = time.perf_counter() + 3 * (time.perf_counter() - start)
         if preview is None:
             n, total = int(update.progress.tokens.shape[-1]), update.progress.num_tokens
             return plots.placeholder_image(text=f"no preview for this family · {n}/{total} tokens")

@@ -433,6 +433,7 @@ def to_json(result: BenchResult) -> dict:
         "methods": [{"key": m.key, "label": m.label, "variant": m.variant, "window": m.window}
                     for m in result.methods],
         "summary": summary,
+        "findings": findings(result.runs, summary),
         "histograms": {m.key: acceptance_histogram(result.runs, m.key) for m in result.methods},
         "runs": [dict(asdict(r), overhead_s=r.overhead_s) for r in result.runs],
         "warmup_s": result.warmup_s,
@@ -446,7 +447,8 @@ def write_outputs(result: BenchResult, out_dir: Union[str, Path], extra_md: str 
     data = to_json(result)
     paths = {"json": out / "results.json", "markdown": out / "results.md"}
     paths["json"].write_text(json.dumps(data, indent=1, default=float), encoding="utf-8")
-    md = "\n\n".join(x for x in [header_text(result), markdown_table(data["summary"]), extra_md] if x)
+    md = "\n\n".join(x for x in [header_text(result), markdown_table(data["summary"]),
+                                 findings_markdown(data["findings"]), extra_md] if x)
     paths["markdown"].write_text(md + "\n", encoding="utf-8")
     return paths
 
@@ -487,3 +489,74 @@ def measure_locality(model: ARImageModel, samples: int = 4, perturb: int = 16, s
     tv = [float(v) for _, v in sorted(res["locality_tv"].items(), key=lambda kv: int(kv[0]))][:max_distance]
     return {"tv": tv, "row_length": demo.vocab.row_length, "samples": samples, "perturb": perturb,
             "entropy_nats": res.get("entropy_nats_T1"), "source": "sjd_pac_core.demo.calibrate"}
+
+
+# --- the questions the benchmark answers --------------------------------------------------------
+
+
+def _best(summary: Dict[str, dict], variant: str, field: str) -> Optional[str]:
+    keys = [k for k in summary if k.split("@")[0] == variant and "@" in k and not k.endswith("@auto")]
+    keys = [k for k in keys if summary[k].get(field) is not None]
+    return max(keys, key=lambda k: summary[k][field], default=None)
+
+
+def findings(runs: Sequence[RunRecord], summary: Dict[str, dict]) -> Dict[str, object]:
+    """Auto window vs the best fixed L (paired per prompt and seed), and the project's targets."""
+    out: Dict[str, object] = {}
+    best_fixed = _best(summary, "sjd-pac", "speedup_median")
+    auto = next((k for k in summary if k.endswith("@auto")), None)
+    if auto and best_fixed:
+        lat = {(r.method, r.prompt_index, r.seed): r.latency_s for r in runs}
+        ratios = [lat[(best_fixed, p, s)] / lat[(auto, p, s)] for (m, p, s) in lat
+                  if m == auto and (best_fixed, p, s) in lat]
+        q = _quantiles(ratios)
+        out["auto_vs_best_fixed"] = {
+            "auto": auto, "best_fixed": best_fixed,
+            "auto_speedup_over_ar": summary[auto].get("speedup_median"),
+            "best_fixed_speedup_over_ar": summary[best_fixed].get("speedup_median"),
+            "auto_over_best_fixed_median": q["median"], "q25": q["q25"], "q75": q["q75"],
+            "auto_slower_than_ar_fraction": summary[auto].get("slower_than_ar_fraction"),
+            "auto_median_window": summary[auto]["window_median"],
+        }
+    pac = _best(summary, "sjd-pac", "step_compression")
+    sjd = _best(summary, "sjd", "step_compression")
+    targets = {}
+    if pac:
+        targets["sjd_pac_compression_vs_ar"] = {"value": summary[pac]["step_compression"], "target": 3.5,
+                                                "method": pac}
+    if pac and sjd:
+        targets["sjd_pac_compression_vs_sjd"] = {
+            "value": summary[pac]["step_compression"] / summary[sjd]["step_compression"], "target": 2.0,
+            "method": f"{pac} / {sjd}"}
+    if auto and summary[auto].get("speedup_median") is not None:
+        targets["auto_latency_speedup_vs_ar"] = {"value": summary[auto]["speedup_median"], "target": 1.5,
+                                                 "method": auto}
+    if pac or "sjd-pac@64" in summary:
+        key = "sjd-pac@64" if "sjd-pac@64" in summary else pac
+        targets["overhead_pct_of_forward"] = {"value": summary[key]["overhead_pct_of_forward"], "target": 10.0,
+                                              "method": key, "lower_is_better": True}
+    for t in targets.values():
+        t["met"] = t["value"] <= t["target"] if t.get("lower_is_better") else t["value"] >= t["target"]
+    out["targets"] = targets
+    return out
+
+
+def findings_markdown(found: Dict[str, object]) -> str:
+    lines = []
+    a = found.get("auto_vs_best_fixed")
+    if a:
+        lines.append(
+            f"window='auto': {a['auto_speedup_over_ar']:.2f}x over AR (median L {a['auto_median_window']:g}) vs the "
+            f"best fixed L, {_label(a['best_fixed'])}: {a['best_fixed_speedup_over_ar']:.2f}x; paired per prompt, "
+            f"auto / best fixed latency ratio median {a['auto_over_best_fixed_median']:.2f} "
+            f"[IQR {a['q25']:.2f}-{a['q75']:.2f}] (> 1 = auto faster); auto slower than AR on "
+            f"{100 * (a['auto_slower_than_ar_fraction'] or 0):.0f}% of prompts.")
+    names = {"sjd_pac_compression_vs_ar": "SJD-PAC step compression over AR (best L)",
+             "sjd_pac_compression_vs_sjd": "SJD-PAC step compression over plain SJD (best L of each)",
+             "auto_latency_speedup_vs_ar": "latency speedup over AR with window='auto'",
+             "overhead_pct_of_forward": "sampler overhead, % of forward time (SJD-PAC L=64)"}
+    for key, t in found.get("targets", {}).items():
+        cmp = "<=" if t.get("lower_is_better") else ">="
+        lines.append(f"target: {names.get(key, key)} {cmp} {t['target']:g}: measured {t['value']:.2f} "
+                     f"({t['method']}) - {'met' if t['met'] else 'MISSED'}")
+    return "\n".join(f"- {x}" for x in lines)

@@ -93,8 +93,17 @@ class TableSession(DecoderSession):
         toks = tokens.tolist()
         rows = attend.tolist()
         self.nodes = [self.kept + [toks[j] for j in range(len(toks)) if row[j]] for row in rows]
-        out = [[tab[tuple(prefix)] for prefix in self.nodes] for tab in self.tables]
+        out = [[self._lookup(tab, prefix) for prefix in self.nodes] for tab in self.tables]
         return torch.stack([torch.stack(r) for r in out])
+
+    @staticmethod
+    def _lookup(table, prefix):
+        key = tuple(prefix)
+        if key not in table and len(key) > max(map(len, table)):
+            # Beyond the image: only window="auto"'s cost probe feeds such chains; the sampler
+            # never reads them (a wrong prefix inside the image still raises KeyError).
+            return torch.zeros_like(table[()])
+        return table[key]
 
     def keep(self, nodes):
         if nodes:

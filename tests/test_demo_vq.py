@@ -88,3 +88,22 @@ def test_shipped_vocab_layout(vocab, vq):
     assert allowed[0].sum() == vocab.codebook_size and not allowed[0, : vocab.image_offset].any()
     forced = vocab.forced_tokens()
     assert (forced[16::17] == EOL).all() and (forced[forced != EOL] == -1).all()
+
+
+def test_smoke_training_output_loads(smoke_demo_folder):
+    """`python -m sjd_pac_core.demo.train --smoke` writes a complete, loadable demo folder."""
+    from sjd_pac_core.demo.model import load_demo
+
+    for name in ("config.json", "model.safetensors", "vocab.json", "vq.safetensors", "vq_config.json",
+                 "training_log.json", "loss_log.jsonl"):
+        assert (smoke_demo_folder / name).exists(), name
+    log = json.loads((smoke_demo_folder / "training_log.json").read_text())
+    assert log["status"] == "complete" and log["lm"]["steps_done"] == log["lm"]["steps"]
+    for key in ("seed", "wall_time_s", "cpu_time_s", "torch", "transformers"):
+        assert key in log
+    demo = load_demo(str(smoke_demo_folder))
+    assert next(demo.model.parameters()).dtype == torch.float32
+    p = demo.prompt_ids("a red circle top left on a blue background")
+    logits = demo.model(input_ids=p[None]).logits
+    assert logits.shape == (1, len(p), demo.vocab.vocab_size)
+    assert torch.isfinite(logits).all()

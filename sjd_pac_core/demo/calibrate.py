@@ -74,6 +74,7 @@ def main(argv=None):
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sjd-only", action="store_true", help="only the SJD L=window measurement (quick)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     demo = load_demo(args.weights)
@@ -83,9 +84,26 @@ def main(argv=None):
     res = {"weights": os.path.abspath(args.weights)}
     t0 = time.time()
 
+    if args.sjd_only:
+        args.samples, args.perturb, args.docs = 0, 0, None
     caps = (CAPTIONS * ((args.samples + len(CAPTIONS) - 1) // len(CAPTIONS)))[: args.samples]
-    toks = reference_ar_sample(demo, caps, seed=args.seed)
-    print(f"AR samples: {time.time() - t0:.1f}s", flush=True)
+    if caps:
+        toks = reference_ar_sample(demo, caps, seed=args.seed)
+        print(f"AR samples: {time.time() - t0:.1f}s", flush=True)
+        entropy_and_locality(demo, caps, toks, allowed, free, args, res)
+    sjd_measure(demo, allowed, args, res)
+    pictures(demo, toks if caps else None, args, res)
+    res["wall_s"] = round(time.time() - t0, 1)
+    out = args.out or os.path.join(args.weights, "calibration.json")
+    with open(out, "w") as f:
+        json.dump(res, f, indent=2)
+    print("wrote", out)
+    return res
+
+
+@torch.no_grad()
+def entropy_and_locality(demo, caps, toks, allowed, free, args, res):
+    vocab = demo.vocab
 
     # ---- entropy -------------------------------------------------------------------------
     lg = image_logits(demo, caps, toks)  # (B, 272, V)
@@ -132,7 +150,11 @@ def main(argv=None):
     res["locality_tv"] = {str(d): round(float(curve[d - 1]), 4) for d in range(1, dmax + 1)}
     print("locality TV d=1..36:", " ".join(f"{x:.3f}" for x in curve.tolist()), flush=True)
 
-    # ---- SJD step compression -------------------------------------------------------------
+
+
+@torch.no_grad()
+def sjd_measure(demo, allowed, args, res):
+    vocab = demo.vocab
     try:
         import sjd_pac_core as sp
     except Exception as e:  # pragma: no cover - the core is being written in parallel
@@ -145,10 +167,13 @@ def main(argv=None):
         sjd = {}
         settings = [
             ("sjd", dict(method="sjd", window=args.window)),
+        ]
+        if not args.sjd_only:
+            settings += [
             ("sjd_topk64", dict(method="sjd", window=args.window, top_k=64)),
             ("sjd_cfg3", dict(method="sjd", window=args.window, cfg_scale=3.0)),
             ("sjd_pac_L64", dict(method="sjd_pac", window=64)),
-        ]
+            ]
         for name, kw in settings:
             comps, times, ok = [], [], True
             for r in range(args.sjd_runs):
@@ -182,8 +207,11 @@ def main(argv=None):
             print(name, sjd[name], flush=True)
         res["sjd"] = sjd
 
-    # ---- pictures -----------------------------------------------------------------------
-    if args.docs:
+
+
+@torch.no_grad()
+def pictures(demo, toks, args, res):
+    if args.docs and toks is not None:
         os.makedirs(args.docs, exist_ok=True)
         ims, _ = D.generate(16, seed=123, split="train")
         D.contact_sheet(ims, 8, 3).save(os.path.join(args.docs, "demo_data.png"))
@@ -196,12 +224,6 @@ def main(argv=None):
         arr = np.concatenate([demo.tokens_to_array(toks[: len(CAPTIONS)]), demo.tokens_to_array(cfg_toks)])
         D.contact_sheet(arr, 8, 3).save(os.path.join(args.docs, "demo_samples.png"))
         res["samples_png_captions"] = CAPTIONS
-    res["wall_s"] = round(time.time() - t0, 1)
-    out = args.out or os.path.join(args.weights, "calibration.json")
-    with open(out, "w") as f:
-        json.dump(res, f, indent=2)
-    print("wrote", out)
-    return res
 
 
 if __name__ == "__main__":

@@ -113,7 +113,7 @@ def reference_ar_sample(
     pos = (att.cumsum(1) - 1).clamp(min=0)
     allowed = vocab.allowed_tokens()
     cache = DynamicCache()
-    out = model(input_ids=ids, attention_mask=att, position_ids=pos, past_key_values=cache, use_cache=True)
+    out = model(input_ids=ids, attention_mask=att, position_ids=pos, cache=cache, use_cache=True)
     logits = out.logits[:, -1]
     n = len(captions)
     result = torch.empty((n, vocab.num_image_tokens), dtype=torch.long)
@@ -126,6 +126,6 @@ def reference_ar_sample(
         nxt = torch.cat([tok, tok]) if use_cfg else tok
         att = torch.cat([att, torch.ones((B, 1), dtype=torch.long)], 1)
         pos = pos[:, -1:] + 1
-        out = model(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, past_key_values=cache, use_cache=True)
+        out = model(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, cache=cache, use_cache=True)
         logits = out.logits[:, -1]
     return result

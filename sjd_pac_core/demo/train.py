@@ -101,7 +101,7 @@ def main(argv=None):
     ap.add_argument("--vq-batch", type=int, default=32)
     ap.add_argument("--vq-lr", type=float, default=2e-3)
     ap.add_argument("--codebook", type=int, default=512)
-    ap.add_argument("--lm-steps", type=int, default=2000)
+    ap.add_argument("--lm-steps", type=int, default=1000)
     ap.add_argument("--lm-batch", type=int, default=16)
     ap.add_argument("--lm-lr", type=float, default=2e-3)
     ap.add_argument("--hidden", type=int, default=128)
@@ -143,9 +143,18 @@ def main(argv=None):
     t_data = time.process_time() - t_cpu0
 
     # ---- 2. VQ -------------------------------------------------------------------------
+    vq_prev = None
     if args.vq_from:
+        # reuse a VQ trained earlier (by this script, same seed and data); keep its training record
         vq = VQModel.from_pretrained(args.vq_from)
         vq_losses = {"reused_from": args.vq_from}
+        prev_log = os.path.join(args.vq_from, TRAINING_LOG)
+        if os.path.exists(prev_log):
+            with open(prev_log) as f:
+                prev = json.load(f)
+            vq_prev = {"command": prev.get("command"), "vq": prev.get("vq"),
+                       "cpu_time_by_stage_s": prev.get("cpu_time_by_stage_s")}
+            vq_losses = {"reused_from": args.vq_from, **(prev.get("vq", {}).get("final_losses") or {})}
         vq.save_pretrained(out)
     else:
         vq, vq_losses = train_vq(
@@ -238,6 +247,7 @@ def main(argv=None):
                 "intermediate": args.intermediate,
                 **extra,
             },
+            "vq_trained_by": vq_prev,
             "threads": args.threads,
             "wall_time_s": round(time.time() - t_wall0, 1),
             "cpu_time_s": round(time.process_time() - t_cpu0, 1),

@@ -81,7 +81,7 @@ def main(argv=None):
     vocab = demo.vocab
     allowed = vocab.allowed_tokens()
     free = ~torch.zeros(vocab.num_image_tokens, dtype=torch.bool).index_fill_(0, vocab.eol_positions(), True)
-    res = {"weights": os.path.abspath(args.weights)}
+    res = {"weights": os.path.relpath(os.path.abspath(args.weights))}
     t0 = time.time()
 
     if args.sjd_only:

@@ -94,7 +94,7 @@ def eval_loss(model, vocab, prompts, img, batch_size=16, uncond=False):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=None, help="output directory (default: a temp dir for --smoke, else ./demo_run)")
+    ap.add_argument("--out", default=None, help="output directory (default: a temp dir for --smoke, else ./runs/demo)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--images", type=int, default=12000, help="training images (generated, then VQ-encoded)")
     ap.add_argument("--vq-steps", type=int, default=450)
@@ -121,7 +121,7 @@ def main(argv=None):
         args.lm_steps, args.lm_batch, args.ckpt_every = 4, 4, 2
         args.hidden, args.layers, args.heads, args.intermediate = 32, 2, 2, 64
     if args.out is None:
-        args.out = tempfile.mkdtemp(prefix="sjd_demo_smoke_") if args.smoke else "demo_run"
+        args.out = tempfile.mkdtemp(prefix="sjd_demo_smoke_") if args.smoke else os.path.join("runs", "demo")
     out = args.out
     os.makedirs(out, exist_ok=True)
     torch.set_num_threads(args.threads)

@@ -105,3 +105,25 @@ def test_interrupt_frees_the_cache_and_the_model_still_works(lm):
     assert sessions[0].cache is None  # freed on the way out
     out = sp.sample_tokens(adapter, PROMPT, 20, config=sp.SamplerConfig(window=4))
     assert out.tokens.shape == (20,)
+
+
+def test_corrupt_demo_weights_name_the_file_and_the_rebuild_command(tmp_path, monkeypatch):
+    import shutil
+
+    import sjd_pac_core.models.loader as loader
+
+    copy = tmp_path / "weights"
+    shutil.copytree(loader.DEMO_FOLDER, copy)
+    data = (copy / "vq.safetensors").read_bytes()
+    (copy / "vq.safetensors").write_bytes(data[: len(data) // 2])
+    monkeypatch.setattr(loader, "DEMO_FOLDER", copy)
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.load_model("demo")
+    message = str(err.value)
+    assert "vq.safetensors is truncated" in message
+    assert "python -m sjd_pac_core.demo.train" in message
+    _one_sentence(message)
+    (copy / "model.safetensors").unlink()
+    (copy / "vq.safetensors").write_bytes(data)
+    with pytest.raises(sp.ModelLoadError, match="python -m sjd_pac_core.demo.train"):
+        sp.load_model("demo")

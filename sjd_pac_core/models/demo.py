@@ -11,9 +11,10 @@ from PIL import Image
 
 from ..demo.model import DemoModel, load_demo
 from ..demo.vocab import EOL, VOCAB_FILE
-from ..demo.vq import VQ_CONFIG
+from ..demo.vq import VQ_CONFIG, VQ_WEIGHTS
 from .causal_lm import CausalLMAdapter
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
+from .loader import ModelLoadError
 
 
 class DemoImageModel(ARImageModel):
@@ -41,6 +42,12 @@ class DemoImageModel(ARImageModel):
 
     @classmethod
     def load(cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device) -> "DemoImageModel":
+        for name in ("model.safetensors", VQ_WEIGHTS):
+            if not (folder / name).is_file():
+                raise ModelLoadError(
+                    f"{folder / name} is missing; rebuild the demo model with "
+                    "`python -m sjd_pac_core.demo.train`."
+                )
         demo = load_demo(str(folder), dtype=dtype)
         demo.model.to(device)
         demo.vq.to(device)

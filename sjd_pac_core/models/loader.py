@@ -214,11 +214,20 @@ def load_model(
 ) -> ARImageModel:
     """Load the bundled demo model ("demo") or a local checkpoint folder of a supported family."""
     folder = resolve_folder(path)
-    config = read_config(folder)
-    family = detect_family(folder, config)
+    try:
+        config = read_config(folder)
+        family = detect_family(folder, config)
+        check_weight_files(folder)
+    except ModelLoadError as exc:
+        if folder != DEMO_FOLDER:
+            raise
+        # The demo model is not downloaded but built by our script: name that instead.
+        raise ModelLoadError(
+            f"{str(exc).rsplit(';', 1)[0]}; rebuild the bundled demo model with "
+            "`python -m sjd_pac_core.demo.train`."
+        ) from None
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    check_weight_files(folder)
     cls = _family_class(FAMILIES[family])
     if getattr(cls, "supports_device_map", False):
         # Only an "auto" device may spill onto the CPU; an explicit device is a promise to fit.

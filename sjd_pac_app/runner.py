@@ -264,7 +264,8 @@ def stream_generation(
     interval: float = 0.1,
 ) -> Iterator[Update]:
     """Run generate_image in a worker thread; yield an Update at most every `interval` seconds
-    while it runs (and whenever a pass is slower than that), then one final Update.
+    while it runs (less often if showing an update is slow; and whenever a pass is slower than
+    that), then one final Update.
 
     Setting `stop` ends the run after the forward pass in flight (the callback raises
     GenerationCancelled; the sampler frees its cache on the way out).
@@ -295,16 +296,17 @@ def stream_generation(
     worker.start()
     pending: Optional[sp.Progress] = None
     last_yield = start
+    wait = interval
     try:
         while True:
-            timeout = max(0.0, interval - (time.perf_counter() - last_yield)) if pending else None
+            timeout = max(0.0, wait - (time.perf_counter() - last_yield)) if pending else None
             try:
                 item = events.get(timeout=timeout)
             except queue.Empty:  # a slow pass: show what we have
                 item = None
             if isinstance(item, sp.Progress):
                 pending = item
-                if time.perf_counter() - last_yield < interval:
+                if time.perf_counter() - last_yield < wait:
                     continue
             if isinstance(item, _Finished):
                 worker.join()
@@ -325,6 +327,9 @@ def stream_generation(
                 last_yield = time.perf_counter()
                 yield Update("progress", last_yield - start, progress=pending, stats=snapshot_stats(pending))
                 pending = None
+                # Rendering and sending an update holds the GIL the sampler needs; the time until
+                # the consumer asks again is that cost. Keep it under ~1/4 of the run.
+                wait = max(interval, 3.0 * (time.perf_counter() - last_yield))
     finally:
         if worker.is_alive():  # the consumer went away (page closed): stop the worker too
             stop.set()

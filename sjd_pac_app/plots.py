@@ -4,7 +4,7 @@ update is one small PNG (cheap to stream, looks the same in every browser)."""
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from PIL import Image, ImageDraw, ImageFont
 
@@ -214,6 +214,3 @@ def stats_histogram(accept_lengths: Sequence[int]) -> Dict[int, int]:
         hist[n] = hist.get(n, 0) + 1
     return dict(sorted(hist.items()))
 
-
-def maybe(image: Optional[Image.Image], fallback_text: str = "") -> Image.Image:
-    return upscale_for_display(image) if image is not None else placeholder_image(text=fallback_text)

@@ -23,7 +23,7 @@ from .runner import DEFAULT_METHODS, MethodSpec, load_prompts, parse_methods
 
 LOSSLESS_METHODS = "sjd-pac@64"
 LOSSLESS_PROMPTS = 2
-LOSSLESS_SEEDS = "0-149"
+LOSSLESS_SEEDS = "0-119"
 
 
 def parse_seeds(text: str) -> List[int]:
@@ -54,7 +54,7 @@ def _common_args(p: argparse.ArgumentParser) -> None:
                    help="demo, general or a text file (one prompt per line); default: demo for the demo "
                         "model, general otherwise")
     p.add_argument("--prompts", type=int, default=None, help="use only the first N prompts")
-    p.add_argument("--seeds", default=None, help="seeds: 0 | 0,1,2 | 0-9 (bench default 0; lossless 0-149)")
+    p.add_argument("--seeds", default=None, help="seeds: 0 | 0,1,2 | 0-9 (bench default 0; lossless 0-119)")
     p.add_argument("--methods", default=None,
                    help=f"comma-separated grid (default: {DEFAULT_METHODS}); sjd+pd / sjd+ac are SJD-PAC "
                         "with only one of its two parts")

@@ -212,7 +212,7 @@ def _reference_usable(model: ARImageModel, prompts: Sequence[str], config: Sampl
 
 
 def sample_reference_ar(model: ARImageModel, prompts: Sequence[str], count: int, config: SamplerConfig,
-                        seed: int, temperature: Optional[float] = None, chunk: int = 64) -> Sampled:
+                        seed: int, temperature: Optional[float] = None, chunk: int = 128) -> Sampled:
     """`count` images per prompt from the demo's independent batched AR sampler."""
     from ..demo.model import reference_ar_sample
 

@@ -242,6 +242,16 @@ def environment(model: ARImageModel) -> Dict[str, object]:
     return env
 
 
+def _cost_curve(model: ARImageModel) -> Optional[Dict[int, float]]:
+    from ..engine import window
+
+    inner = getattr(model.token_model, "model", model.token_model)
+    for (key, device), curve in window._COST_CACHE.items():
+        if key == id(inner) and device == str(model.device):
+            return {n: round(1000 * t, 3) for n, t in zip(curve.sizes, curve.seconds)}
+    return None
+
+
 def _sync(model: ARImageModel) -> None:
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
@@ -286,6 +296,9 @@ def run_bench(
             generate_image(model, prompts[0], config=spec.config(base), seed=10_000_019)
         _sync(model)
     result.warmup_s = time.perf_counter() - t0
+    curve = _cost_curve(model)
+    if curve is not None:  # what window="auto" believes a pass costs on this machine
+        result.environment["auto_cost_curve_ms"] = curve
 
     pairs = [(i, s) for i in range(len(prompts)) for s in seeds]
     bar = tqdm(total=len(pairs) * len(methods), unit="run", desc="bench", disable=not progress)

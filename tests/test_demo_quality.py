@@ -1,0 +1,117 @@
+"""The demo model's quality check (sjd_pac_core/demo/quality.py): calibrated on ground truth, and
+the shipped model's measured pass rates on the held-out prompts as a regression floor."""
+
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+from sjd_pac_core.demo import data as D
+from sjd_pac_core.demo import quality as Q
+
+
+@lru_cache(maxsize=None)
+def _samples(split: str, n: int = 200):
+    return [D.make_sample(0, i, split) for i in range(n)]
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_checker_passes_ground_truth(split):
+    """On 200 generator images per split the checker passes everything (measured: 100 % on all
+    three criteria in both splits, data seed 0); the floors leave room for texture outliers."""
+    r = Q.pass_rates([Q.check_image(s.caption, s.image) for s in _samples(split)])
+    assert r.n == 200 and r.n_position > 50
+    assert r.background >= 0.98, r
+    assert r.objects >= 0.95, r
+    assert r.position >= 0.90, r
+
+
+def _caption(objs, bg):
+    specs = [D.ObjectSpec(o["shape"], o["color"], o["size"], o["position"], (0.0, 0.0), 0.0) for o in objs]
+    return D.make_caption(specs, bg)
+
+
+_OPPOSITE = {
+    "top left": "bottom right", "top": "bottom", "top right": "bottom left", "left": "right",
+    "in the center": "top left", "right": "left", "bottom left": "top right", "bottom": "top",
+    "bottom right": "top left",
+}
+
+
+def test_checker_rejects_wrong_captions():
+    """The same ground-truth images against wrong captions: another background colour always
+    fails, the opposite position always fails; a first object's colour swapped for one absent
+    from the image passes only on texture/outline specks (measured 5 % of 200, all "small")."""
+    n = n_pos = bg_pass = obj_pass = pos_pass = 0
+    for i, s in enumerate(_samples("train")):
+        objs, bg = D.parse_caption(s.caption)
+        used = {o["color"] for o in objs} | {bg}
+        alt_bg = [c for c in D.COLOR_NAMES if c != bg and all(D.color_distance(o["color"], c) >= D.MIN_CONTRAST for o in objs)]
+        bg_pass += Q.check_image(_caption(objs, alt_bg[i % len(alt_bg)]), s.image).background
+        alt = [c for c in D.COLOR_NAMES if c not in used and D.color_distance(c, bg) >= D.MIN_CONTRAST]
+        wrong = [dict(o) for o in objs]
+        wrong[0]["color"] = alt[i % len(alt)]
+        obj_pass += Q.check_image(_caption(wrong, bg), s.image).objects
+        if len(objs) == 1:
+            moved = [dict(objs[0], position=_OPPOSITE[objs[0]["position"]])]
+            pos_pass += bool(Q.check_image(_caption(moved, bg), s.image).position)
+            n_pos += 1
+        n += 1
+    assert bg_pass / n <= 0.02, bg_pass
+    assert obj_pass / n <= 0.10, obj_pass
+    assert pos_pass / n_pos <= 0.02, pos_pass
+
+
+def test_quality_prompts_are_held_out():
+    prompts = Q.load_prompts()
+    assert len(prompts) == 24
+    for p in prompts:
+        objs, bg = D.parse_caption(p)
+        assert any((o["color"], o["shape"]) in D.HELD_OUT_PAIRS for o in objs), p
+        assert all(D.color_distance(o["color"], bg) >= D.MIN_CONTRAST for o in objs), p
+
+
+def test_check_image_shapes_and_types():
+    s = D.make_sample(0, 1)
+    from PIL import Image
+
+    a = Q.check_image(s.caption, s.image)
+    b = Q.check_image(s.caption, Image.fromarray(s.image))
+    assert a == b and isinstance(a.background, bool) and isinstance(a.objects, bool)
+    assert Q.color_labels(s.image).shape == (64, 64)
+    with pytest.raises(ValueError):
+        Q.check_image("a dog", s.image)
+    blank = np.zeros((64, 64, 3), np.uint8)
+    r = Q.check_image("a red circle top left on a black background", blank)
+    assert r.background and not r.objects and r.position is False and not r.all
+
+
+@pytest.mark.slow
+def test_shipped_model_quality_floor(demo_model):
+    """Shipped demo model, its defaults (cfg_scale 3.0, temperature 1.0, top_k None, window 32),
+    SJD-PAC with verify="gumbel" and seed 0, so the images are deterministic.
+
+    Measured on the 24 quality prompts, seed 0 (2026-11-30; the test takes 35-55 s on one
+    thread of the shared CPU): background 22/24 = 92 %, object colour 4/24 = 17 %, position
+    4/20 = 20 %. With seeds 0 and 1 (same settings): background 46/48 = 96 %, object colour
+    7/48 = 15 %, position 6/40 = 15 %.
+
+    The issue's target (>= 90 % on background and object colour at the default CFG) is met for
+    the background and missed by far for object colour: the model paints the background right
+    but mostly omits the object or gives it another colour. That is not a held-out effect only: 24 captions drawn like the training split (seen
+    colour-shape pairs) scored background 23/24, object colour 8/24, position 3/19. No setting
+    swept (CFG 1-6, temperature 0.9, top-k 64) comes near 90 %: object colour rises with CFG
+    (CFG 4: 25 %, CFG 5: 35 %, CFG 6: 50 %) only as the images fill with stray colour blobs
+    (pixels of colours not in the caption: 20 % at CFG 3, 31 %, 40 %, 40 %; ground truth 4 %)
+    and the background rate falls (92 %, 85 %, 79 %); CFG 3 stays the default.
+
+    The images are deterministic; the floors are the measured rates minus 5 points (one prompt
+    of slack: 21/24 and 3/24); raise them when the model improves, re-measure if the defaults
+    change.
+    """
+    m = demo_model
+    config = m.defaults.sampler_config(method="sjd_pac", verify="gumbel")
+    rates, rows = Q.evaluate_model(m, Q.load_prompts(), seeds=(0,), config=config)
+    assert rates.n == 24
+    assert rates.background >= 22 / 24 - 0.05, rates
+    assert rates.objects >= 4 / 24 - 0.05, rates

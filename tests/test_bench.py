@@ -96,19 +96,21 @@ def test_bench_end_to_end(bench_model_folder, tmp_path):
 
 def test_lossless_end_to_end(bench_model_folder, tmp_path):
     out = tmp_path / "lossless"
-    rc = main(["lossless", "--model", bench_model_folder, "--seeds", "0-3", "--methods", "sjd-pac@16",
+    rc = main(["lossless", "--model", bench_model_folder, "--prompts", "1", "--seeds", "0-2", "--methods", "sjd-pac@16",
                "--permutations", "19", "--gumbel-pairs", "1", "--control-temperature", "0", "--out", str(out),
                "--quiet"])
     data = json.loads((out / "lossless.json").read_text())
     assert rc == (0 if data["passed"] else 1)
     assert data["gumbel"]["passed"]  # token-identical: deterministic, must hold
     row = data["comparisons"]["sjd-pac@16"]
-    assert row["samples"] == [8, 8]
+    assert row["samples"] == [3, 3]
     assert set(row["p_values"]) == {"tokens_permutation_p", "tokens_per_position_min_p_bonferroni",
                                     "colour_histogram_permutation_p", "colour_features_ks_min_p_bonferroni"}
     assert all(0 < p <= 1 for p in row["p_values"].values())
     assert "Seed-exactness" in (out / "lossless.md").read_text()
     _assert_png(out / "gumbel_pairs.png")
+    samples = torch.load(out / "samples.pt")
+    assert samples["ar"].shape == samples["sjd-pac@16"].shape == (3, 272)
 
 
 def test_prompt_files():

@@ -72,7 +72,8 @@ def _lossless_args(p: argparse.ArgumentParser, in_bench: bool) -> None:
     g.add_argument("--control-temperature", type=float, default=0.9,
                    help="negative control: AR at this fraction of the temperature must FAIL (0 = none)")
     g.add_argument("--gumbel-pairs", type=int, default=3, help="(prompt, seed) pairs for the token-identical check")
-    g.add_argument("--permutations", type=int, default=999)
+    g.add_argument("--permutations", type=int, default=1999,
+                   help="relabellings per permutation test (>= 1999 so that p can fall below 0.001)")
 
 
 def add_bench_parser(subparsers, add_sampler_args: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -233,13 +234,15 @@ def _lossless(args) -> int:
                                 gumbel_pairs=args.gumbel_pairs, permutations=args.permutations,
                                 progress=not args.quiet)
     images = result.pop("gumbel_images")
+    samples = result.pop("_samples")
+    torch.save(samples, out / "samples.pt")  # the sampled tokens, to rerun the tests offline
     if images:
         _image_pairs(images, out / "gumbel_pairs.png")
     (out / "lossless.json").write_text(json.dumps(result, indent=1, default=float))
     report = markdown_report(result)
     (out / "lossless.md").write_text(report + "\n")
     print(report)
-    print(f"wrote {out / 'lossless.json'}, {out / 'lossless.md'}" + (", gumbel_pairs.png" if images else ""))
+    print(f"wrote {out / 'lossless.json'}, {out / 'lossless.md'}, samples.pt" + (", gumbel_pairs.png" if images else ""))
     return 0 if result["passed"] else 1
 
 

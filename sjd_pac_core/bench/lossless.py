@@ -154,7 +154,7 @@ def _tv_of_means(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def compare_samples(codes_a: torch.Tensor, codes_b: torch.Tensor, images_a: np.ndarray, images_b: np.ndarray,
-                    codebook: int, permutations: int = 999, seed: int = 0,
+                    codebook: int, permutations: int = 1999, seed: int = 0,
                     strata_a: Optional[Sequence[int]] = None, strata_b: Optional[Sequence[int]] = None) -> dict:
     """All two-sample tests between sample A (the reference) and sample B."""
     ca, cb = _position_counts(codes_a, codebook), _position_counts(codes_b, codebook)
@@ -294,7 +294,7 @@ def gumbel_check(model: ARImageModel, prompts: Sequence[str], pairs: int, method
 def check_lossless(model: ARImageModel, prompts: Sequence[str], seeds: Sequence[int], methods: Sequence[MethodSpec],
                    base: Optional[SamplerConfig] = None, ar_source: str = "auto",
                    control_temperature: Optional[float] = 0.9, gumbel_pairs: int = 3,
-                   permutations: int = 999, progress: bool = True) -> dict:
+                   permutations: int = 1999, progress: bool = True) -> dict:
     from tqdm import tqdm
 
     base = (base or model.defaults.sampler_config()).with_(verify="rejection")
@@ -337,6 +337,7 @@ def check_lossless(model: ARImageModel, prompts: Sequence[str], seeds: Sequence[
         control.source += f" at temperature x{control_temperature} (negative control: must FAIL)"
         groups.append((f"control: AR T x{control_temperature}", control))
 
+    result["_samples"] = {"ar": ar.tokens, **{name: g.tokens for name, g in groups}}
     for k, (name, sampled) in enumerate(groups):
         codes = layout.grid(sampled.tokens).flatten(1)
         row = compare_samples(ar_codes, codes, ar_images, _decode(model, sampled.tokens), codebook,

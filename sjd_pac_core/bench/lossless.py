@@ -305,7 +305,7 @@ def check_lossless(model: ARImageModel, prompts: Sequence[str], seeds: Sequence[
     if ar_source == "reference" and not _reference_usable(model, prompts, base):
         raise ValueError("--ar-source reference needs the demo model, known prompt words and no top-p.")
     n_loop = len(prompts) * len(seeds) * (len(methods) + (0 if use_reference else 1 + bool(control_temperature)))
-    n_gumbel = gumbel_pairs * (1 + len(methods))
+    n_gumbel = gumbel_pairs * (2 + sum(1 for m in methods if m.key != "sjd@32"))
     bar = tqdm(total=n_loop + n_gumbel, unit="img", desc="lossless", disable=not progress)
     codebook = _codebook_size(model)
     layout = model.encode_prompt(prompts[0]).layout
@@ -362,6 +362,11 @@ def _codebook_size(model: ARImageModel) -> int:
     return int(model.token_model.vocab_size)  # tokens are compared as ids
 
 
+def _p(value: float) -> str:
+    """A p-value for the table: three decimals, or two significant digits below 0.001."""
+    return f"{value:.3f}" if value >= 0.001 else f"{value:.1g}"
+
+
 def markdown_report(result: dict) -> str:
     env = result["environment"]
     lines = [
@@ -378,11 +383,9 @@ def markdown_report(result: dict) -> str:
         verdict = "pass" if r["passed"] else "FAIL"
         if name.startswith("control"):
             verdict = "FAIL (expected: the test sees the bias)" if not r["passed"] else "pass (test too weak!)"
-        lines.append(
-            f"| {name} | {r['samples'][1]} | {p['tokens_permutation_p']:.3f} | "
-            f"{p['tokens_per_position_min_p_bonferroni']:.3f} | {p['colour_histogram_permutation_p']:.3f} | "
-            f"{p['colour_features_ks_min_p_bonferroni']:.3f} | {verdict} |"
-        )
+        cells = " | ".join(_p(p[k]) for k in ("tokens_permutation_p", "tokens_per_position_min_p_bonferroni",
+                                               "colour_histogram_permutation_p", "colour_features_ks_min_p_bonferroni"))
+        lines.append(f"| {name} | {r['samples'][1]} | {cells} | {verdict} |")
     lines += ["", "Seed-exactness (verify='gumbel', same seed -> same tokens as AR):", "",
               "| prompt | seed | " + " | ".join(next(iter(result["gumbel"]["pairs"]))["methods"]) + " |",
               "|---|---|" + "---|" * len(next(iter(result["gumbel"]["pairs"]))["methods"])]

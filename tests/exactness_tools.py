@@ -36,6 +36,18 @@ def tiny_causal_lm(vocab_size: int, seed: int = 1, head_scale: float = 20.0, lay
     return model
 
 
+def seed_exact_lm() -> LlamaForCausalLM:
+    """A random Llama (vocabulary 64, fp32) whose entropy is high enough that drafts are often
+    rejected: the model of the seed-exact tests."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.5)
+    return model
+
+
 @torch.no_grad()
 def conditional_logits(model, prompt: torch.Tensor, vocab: int, num_tokens: int) -> Dict[Tuple[int, ...], torch.Tensor]:
     """{image prefix: logits [V] for the next image token}, for every prefix of up to num_tokens.

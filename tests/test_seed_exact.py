@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import sjd_pac_core as sp
+from exactness_tools import seed_exact_lm
 from sjd_pac_core.models.causal_lm import CausalLMAdapter
 from sjd_pac_core.sampling.tree import build_tree_layout
 
@@ -19,13 +19,7 @@ NUM_TOKENS = 120
 
 @pytest.fixture(scope="module")
 def lm():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(2.5)  # entropy high enough that drafts are often rejected
-    return model
+    return seed_exact_lm()
 
 
 PROMPT = torch.tensor([5, 9, 13, 21, 3])

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import sjd_pac_core as sp
+from exactness_tools import seed_exact_lm
 from sjd_pac_core.engine.window import AutoWindow, CostCurve
 
 
@@ -38,12 +38,7 @@ def test_steep_cost_and_short_runs_choose_a_short_window():
 
 
 def test_auto_window_keeps_the_ar_tokens():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    lm = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        lm.lm_head.weight.mul_(2.5)
+    lm = seed_exact_lm()
     prompt = torch.tensor([5, 9, 13])
     for seed in range(3):
         ar = sp.sample_tokens(lm, prompt, 100, config=sp.SamplerConfig(method="ar", verify="gumbel"), seed=seed)

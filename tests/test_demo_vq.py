@@ -107,3 +107,29 @@ def test_smoke_training_output_loads(smoke_demo_folder):
     logits = demo.model(input_ids=p[None]).logits
     assert logits.shape == (1, len(p), demo.vocab.vocab_size)
     assert torch.isfinite(logits).all()
+
+
+def test_object_loss_weights_layout_and_weighted_loss():
+    """Loss weights follow the image sequence (16 rows of 16 codes + <eol>, then <eoi>): object
+    tokens get 1 + object_weight, <eol>/<eoi> and background get 1; the weighted loss with all
+    weights equal is the plain cross entropy."""
+    from sjd_pac_core.demo.train import object_loss_weights, weighted_lm_loss
+
+    cov = np.zeros((2, 16, 16), np.float32)
+    cov[0, 2, 5] = 1.0
+    cov[0, 3, 5] = 0.125  # an edge token: half the extra weight
+    w = object_loss_weights(cov, 3.0)
+    assert w.shape == (2, 273)
+    assert w[0, 2 * 17 + 5] == 4.0 and w[0, 3 * 17 + 5] == 2.5
+    assert (w[:, 16::17] == 1).all() and (w[1] == 1).all()
+    assert w[0].sum() == 273 + 3.0 + 1.5
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 6, 9), torch.randint(0, 9, (2, 6))
+    labels[:, :2] = -100
+    ones = (labels != -100).float()
+    plain = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 9), labels[:, 1:].reshape(-1), ignore_index=-100)
+    assert torch.allclose(weighted_lm_loss(logits, labels, ones), plain)
+    heavy = ones.clone()
+    heavy[0, 3] = 5.0  # weighting one target moves the loss towards that token's loss
+    ce = torch.nn.functional.cross_entropy(logits[0, 2], labels[0, 3])
+    assert (weighted_lm_loss(logits, labels, heavy) - plain) * (ce - plain) > 0

@@ -307,9 +307,22 @@ def make_sample(seed: int, index: int, split: str = "train") -> Sample:
     return Sample(img, make_caption(objs, bg), bg, objs, masks)
 
 
-def generate(n: int, seed: int = 0, split: str = "train", start: int = 0, progress: bool = False):
-    """``n`` samples -> (uint8 images (n, 64, 64, 3), list of captions)."""
+def object_coverage(sample: Sample, grid: int = 16) -> np.ndarray:
+    """(grid, grid) float in [0, 1]: the share of each token's pixels covered by an object."""
+    if not sample.masks:
+        return np.zeros((grid, grid), np.float32)
+    cover = np.clip(np.sum(sample.masks, axis=0), 0.0, 1.0)
+    cell = IMAGE_SIZE // grid
+    return cover.reshape(grid, cell, grid, cell).mean(axis=(1, 3)).astype(np.float32)
+
+
+def generate(
+    n: int, seed: int = 0, split: str = "train", start: int = 0, progress: bool = False, coverage: bool = False
+):
+    """``n`` samples -> (uint8 images (n, 64, 64, 3), list of captions), plus, with ``coverage``,
+    the objects' token coverage (n, 16, 16) (see `object_coverage`)."""
     images = np.empty((n, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
+    covers = np.empty((n, 16, 16), np.float32)
     captions = []
     it = range(n)
     if progress:
@@ -320,7 +333,9 @@ def generate(n: int, seed: int = 0, split: str = "train", start: int = 0, progre
         s = make_sample(seed, start + i, split)
         images[i] = s.image
         captions.append(s.caption)
-    return images, captions
+        if coverage:
+            covers[i] = object_coverage(s)
+    return (images, captions, covers) if coverage else (images, captions)
 
 
 def contact_sheet(images: np.ndarray, cols: int = 8, scale: int = 2) -> Image.Image:

@@ -59,7 +59,22 @@ def build_sequences(vocab: DemoVocab, captions: list[str], codes: torch.Tensor):
     return prompts, img
 
 
-def make_batch(vocab, prompts, img, idx, drop_mask):
+def object_loss_weights(coverage: np.ndarray, object_weight: float) -> torch.Tensor:
+    """(N, 16, 16) object coverage -> (N, 273) loss weights in the image sequence's layout.
+
+    Object tokens are a tenth of an image and most of the loss is background texture, so the
+    caption's objects barely move the gradient early in training; weighting tokens that touch an
+    object by ``1 + object_weight`` (scaled down on edges with little coverage) makes the model
+    learn to draw the captioned object sooner. <eol> and <eoi> keep weight 1."""
+    cov = torch.as_tensor(coverage, dtype=torch.float32)
+    w = 1.0 + object_weight * (4.0 * cov).clamp(max=1.0)  # full weight from a quarter coverage
+    n, rows, cols = w.shape
+    w = torch.cat([w, torch.ones(n, rows, 1)], 2).reshape(n, rows * (cols + 1))
+    return torch.cat([w, torch.ones(n, 1)], 1)
+
+
+def make_batch(vocab, prompts, img, idx, drop_mask, img_weights=None):
+    """-> ids, labels (-100 outside the image part), and per-token loss weights (0 outside)."""
     seqs, plen = [], []
     for j, i in enumerate(idx):
         p = vocab.uncond_prompt_ids() if drop_mask[j] else prompts[i]
@@ -68,10 +83,21 @@ def make_batch(vocab, prompts, img, idx, drop_mask):
     T = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), T), PAD, dtype=torch.long)
     labels = torch.full((len(seqs), T), -100, dtype=torch.long)
+    weights = torch.zeros(len(seqs), T)
     for j, s in enumerate(seqs):
         ids[j, : len(s)] = s
         labels[j, plen[j] : len(s)] = s[plen[j] :]  # loss only on the image part (and <eoi>)
-    return ids, labels
+        weights[j, plen[j] : len(s)] = 1.0 if img_weights is None else img_weights[idx[j]]
+    return ids, labels, weights
+
+
+def weighted_lm_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy, weighted per target token (weights aligned with labels)."""
+    ce = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="none"
+    )
+    w = weights[:, 1:].reshape(-1)
+    return (ce * w).sum() / w.sum().clamp(min=1e-6)
 
 
 @torch.no_grad()
@@ -80,7 +106,7 @@ def eval_loss(model, vocab, prompts, img, batch_size=16, uncond=False):
     tot, n = 0.0, 0
     for i in range(0, len(prompts), batch_size):
         idx = list(range(i, min(i + batch_size, len(prompts))))
-        ids, labels = make_batch(vocab, prompts, img, idx, [uncond] * len(idx))
+        ids, labels, _ = make_batch(vocab, prompts, img, idx, [uncond] * len(idx))
         logits = model(input_ids=ids).logits[:, :-1]
         tgt = labels[:, 1:]
         loss = torch.nn.functional.cross_entropy(
@@ -101,7 +127,7 @@ def main(argv=None):
     ap.add_argument("--vq-batch", type=int, default=32)
     ap.add_argument("--vq-lr", type=float, default=2e-3)
     ap.add_argument("--codebook", type=int, default=512)
-    ap.add_argument("--lm-steps", type=int, default=1000)
+    ap.add_argument("--lm-steps", type=int, default=2000)
     ap.add_argument("--lm-batch", type=int, default=16)
     ap.add_argument("--lm-lr", type=float, default=2e-3)
     ap.add_argument("--hidden", type=int, default=128)
@@ -109,6 +135,8 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--intermediate", type=int, default=512)
     ap.add_argument("--caption-dropout", type=float, default=0.12)
+    ap.add_argument("--object-weight", type=float, default=3.0,
+                    help="extra loss weight on image tokens covered by an object (0: plain cross entropy)")
     ap.add_argument("--ckpt-every", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps a shared machine usable)")
     ap.add_argument("--vq-from", default=None, help="reuse a trained VQ from this dir instead of training one")
@@ -136,7 +164,7 @@ def main(argv=None):
         log_f.flush()
 
     # ---- 1. data -----------------------------------------------------------------------
-    images, captions = D.generate(args.images, args.seed, "train", progress=progress)
+    images, captions, coverage = D.generate(args.images, args.seed, "train", progress=progress, coverage=True)
     n_val = max(4, min(256, args.images // 50))
     val_images, val_captions = D.generate(n_val, args.seed, "train", start=args.images)
     ho_images, ho_captions = D.generate(n_val, args.seed, "heldout")
@@ -189,6 +217,7 @@ def main(argv=None):
     vocab = DemoVocab(words=list(D.CAPTION_WORDS), codebook_size=args.codebook, grid=16)
     vocab.save(out)
     prompts, img = build_sequences(vocab, captions, codes)
+    img_weights = object_loss_weights(coverage, args.object_weight)
     vprompts, vimg = build_sequences(vocab, val_captions, val_codes)
     hprompts, himg = build_sequences(vocab, ho_captions, ho_codes)
     max_len = max(len(p) for p in prompts + hprompts) + img.shape[1]
@@ -240,6 +269,7 @@ def main(argv=None):
                 "batch_size": args.lm_batch,
                 "lr": args.lm_lr,
                 "caption_dropout": args.caption_dropout,
+                "object_weight": args.object_weight,
                 "params": n_params,
                 "hidden": args.hidden,
                 "layers": args.layers,
@@ -279,8 +309,8 @@ def main(argv=None):
             pg["lr"] = lr_at(s)
         idx = torch.randint(0, len(prompts), (args.lm_batch,), generator=g).tolist()
         drop = (torch.rand(args.lm_batch, generator=g) < args.caption_dropout).tolist()
-        ids, labels = make_batch(vocab, prompts, img, idx, drop)
-        loss = model(input_ids=ids, labels=labels).loss
+        ids, labels, weights = make_batch(vocab, prompts, img, idx, drop, img_weights)
+        loss = weighted_lm_loss(model(input_ids=ids).logits, labels, weights)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -110,19 +110,26 @@ def test_smoke_training_output_loads(smoke_demo_folder):
 
 
 def test_object_loss_weights_layout_and_weighted_loss():
-    """Loss weights follow the image sequence (16 rows of 16 codes + <eol>, then <eoi>): object
-    tokens get 1 + object_weight, <eol>/<eoi> and background get 1; the weighted loss with all
-    weights equal is the plain cross entropy."""
-    from sjd_pac_core.demo.train import object_loss_weights, weighted_lm_loss
+    """Loss weights follow the image sequence (16 rows of 16 codes + <eol>, then <eoi>): tokens
+    in a caption region get 1 + object_weight, <eol>/<eoi> and the rest 1, a dropped caption
+    uniform weights; the weighted loss with equal weights is the plain cross entropy."""
+    from sjd_pac_core.demo.train import make_batch, object_loss_weights, weighted_lm_loss
 
-    cov = np.zeros((2, 16, 16), np.float32)
-    cov[0, 2, 5] = 1.0
-    cov[0, 3, 5] = 0.125  # an edge token: half the extra weight
-    w = object_loss_weights(cov, 3.0)
+    regions = np.zeros((2, 16, 16), np.float32)
+    regions[0, 2, 5] = 1.0
+    w = object_loss_weights(regions, 3.0)
     assert w.shape == (2, 273)
-    assert w[0, 2 * 17 + 5] == 4.0 and w[0, 3 * 17 + 5] == 2.5
-    assert (w[:, 16::17] == 1).all() and (w[1] == 1).all()
-    assert w[0].sum() == 273 + 3.0 + 1.5
+    assert w[0, 2 * 17 + 5] == 4.0 and w[0].sum() == 273 + 3.0 and (w[1] == 1).all()
+    assert (w[:, 16::17] == 1).all()
+
+    vocab = DemoVocab(words=list(D.CAPTION_WORDS))
+    prompts = [vocab.prompt_ids("a red circle top left on a blue background")] * 2
+    img = torch.full((2, 273), vocab.image_offset, dtype=torch.long)
+    _, labels, weights = make_batch(vocab, prompts, img, [0, 0], [False, True], w)
+    p = len(prompts[0])
+    assert (weights[0, :p] == 0).all() and torch.equal(weights[0, p:], w[0])
+    assert (weights[1, 2 : 2 + 273] == 1).all()  # the unconditional row: <bos> <boi>, then uniform
+
     torch.manual_seed(0)
     logits, labels = torch.randn(2, 6, 9), torch.randint(0, 9, (2, 6))
     labels[:, :2] = -100

@@ -307,22 +307,29 @@ def make_sample(seed: int, index: int, split: str = "train") -> Sample:
     return Sample(img, make_caption(objs, bg), bg, objs, masks)
 
 
-def object_coverage(sample: Sample, grid: int = 16) -> np.ndarray:
-    """(grid, grid) float in [0, 1]: the share of each token's pixels covered by an object."""
-    if not sample.masks:
-        return np.zeros((grid, grid), np.float32)
-    cover = np.clip(np.sum(sample.masks, axis=0), 0.0, 1.0)
-    cell = IMAGE_SIZE // grid
-    return cover.reshape(grid, cell, grid, cell).mean(axis=(1, 3)).astype(np.float32)
+def caption_regions(caption: str, grid: int = 16) -> np.ndarray:
+    """(grid, grid) 0/1: the tokens where the caption's objects can lie.
+
+    A box around each object's named position, as large as its size word allows plus the
+    position jitter. It depends on the caption only, never on the pixels, so a loss weighted by
+    it keeps the model's optimum at the true conditional distribution (a weight that looked at
+    the target pixels would teach the model to over-predict object tokens)."""
+    objects, _ = parse_caption(caption)
+    cell = IMAGE_SIZE / grid
+    centres = (np.arange(grid) + 0.5) * cell
+    region = np.zeros((grid, grid), np.float32)
+    for o in objects:
+        px, py = POSITIONS[o["position"]]
+        half = SIZE_RADIUS[o["size"]][1] + 2.0 + cell / 2  # radius, jitter, and any token it touches
+        inside_x = np.abs(centres - px) <= half
+        inside_y = np.abs(centres - py) <= half
+        region[np.ix_(inside_y, inside_x)] = 1.0
+    return region
 
 
-def generate(
-    n: int, seed: int = 0, split: str = "train", start: int = 0, progress: bool = False, coverage: bool = False
-):
-    """``n`` samples -> (uint8 images (n, 64, 64, 3), list of captions), plus, with ``coverage``,
-    the objects' token coverage (n, 16, 16) (see `object_coverage`)."""
+def generate(n: int, seed: int = 0, split: str = "train", start: int = 0, progress: bool = False):
+    """``n`` samples -> (uint8 images (n, 64, 64, 3), list of captions)."""
     images = np.empty((n, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
-    covers = np.empty((n, 16, 16), np.float32)
     captions = []
     it = range(n)
     if progress:
@@ -333,9 +340,7 @@ def generate(
         s = make_sample(seed, start + i, split)
         images[i] = s.image
         captions.append(s.caption)
-        if coverage:
-            covers[i] = object_coverage(s)
-    return (images, captions, covers) if coverage else (images, captions)
+    return images, captions
 
 
 def contact_sheet(images: np.ndarray, cols: int = 8, scale: int = 2) -> Image.Image:

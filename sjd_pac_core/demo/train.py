@@ -59,22 +59,24 @@ def build_sequences(vocab: DemoVocab, captions: list[str], codes: torch.Tensor):
     return prompts, img
 
 
-def object_loss_weights(coverage: np.ndarray, object_weight: float) -> torch.Tensor:
-    """(N, 16, 16) object coverage -> (N, 273) loss weights in the image sequence's layout.
+def object_loss_weights(regions: np.ndarray, object_weight: float) -> torch.Tensor:
+    """(N, 16, 16) object regions (`data.caption_regions`) -> (N, 273) loss weights in the image
+    sequence's layout: ``1 + object_weight`` inside a region, 1 elsewhere and on <eol>/<eoi>.
 
-    Object tokens are a tenth of an image and most of the loss is background texture, so the
-    caption's objects barely move the gradient early in training; weighting tokens that touch an
-    object by ``1 + object_weight`` (scaled down on edges with little coverage) makes the model
-    learn to draw the captioned object sooner. <eol> and <eoi> keep weight 1."""
-    cov = torch.as_tensor(coverage, dtype=torch.float32)
-    w = 1.0 + object_weight * (4.0 * cov).clamp(max=1.0)  # full weight from a quarter coverage
+    Objects are a tenth of an image and most of the loss is background texture, so the caption's
+    objects barely move the gradient early in training. The regions come from the caption alone
+    (where the named objects can be), not from the target pixels, so the weighting changes where
+    the model spends its capacity but not the distribution it converges to."""
+    w = 1.0 + object_weight * torch.as_tensor(regions, dtype=torch.float32)
     n, rows, cols = w.shape
     w = torch.cat([w, torch.ones(n, rows, 1)], 2).reshape(n, rows * (cols + 1))
     return torch.cat([w, torch.ones(n, 1)], 1)
 
 
 def make_batch(vocab, prompts, img, idx, drop_mask, img_weights=None):
-    """-> ids, labels (-100 outside the image part), and per-token loss weights (0 outside)."""
+    """-> ids, labels (-100 outside the image part), and per-token loss weights (0 outside).
+
+    A dropped caption gets uniform weights: its regions would leak the caption into the loss."""
     seqs, plen = [], []
     for j, i in enumerate(idx):
         p = vocab.uncond_prompt_ids() if drop_mask[j] else prompts[i]
@@ -87,7 +89,7 @@ def make_batch(vocab, prompts, img, idx, drop_mask, img_weights=None):
     for j, s in enumerate(seqs):
         ids[j, : len(s)] = s
         labels[j, plen[j] : len(s)] = s[plen[j] :]  # loss only on the image part (and <eoi>)
-        weights[j, plen[j] : len(s)] = 1.0 if img_weights is None else img_weights[idx[j]]
+        weights[j, plen[j] : len(s)] = 1.0 if img_weights is None or drop_mask[j] else img_weights[idx[j]]
     return ids, labels, weights
 
 
@@ -127,7 +129,7 @@ def main(argv=None):
     ap.add_argument("--vq-batch", type=int, default=32)
     ap.add_argument("--vq-lr", type=float, default=2e-3)
     ap.add_argument("--codebook", type=int, default=512)
-    ap.add_argument("--lm-steps", type=int, default=2000)
+    ap.add_argument("--lm-steps", type=int, default=1800)
     ap.add_argument("--lm-batch", type=int, default=16)
     ap.add_argument("--lm-lr", type=float, default=2e-3)
     ap.add_argument("--hidden", type=int, default=128)
@@ -135,8 +137,8 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--intermediate", type=int, default=512)
     ap.add_argument("--caption-dropout", type=float, default=0.12)
-    ap.add_argument("--object-weight", type=float, default=3.0,
-                    help="extra loss weight on image tokens covered by an object (0: plain cross entropy)")
+    ap.add_argument("--object-weight", type=float, default=4.0,
+                    help="extra loss weight on the image tokens where the caption puts an object (0: plain cross entropy)")
     ap.add_argument("--ckpt-every", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps a shared machine usable)")
     ap.add_argument("--vq-from", default=None, help="reuse a trained VQ from this dir instead of training one")
@@ -164,7 +166,7 @@ def main(argv=None):
         log_f.flush()
 
     # ---- 1. data -----------------------------------------------------------------------
-    images, captions, coverage = D.generate(args.images, args.seed, "train", progress=progress, coverage=True)
+    images, captions = D.generate(args.images, args.seed, "train", progress=progress)
     n_val = max(4, min(256, args.images // 50))
     val_images, val_captions = D.generate(n_val, args.seed, "train", start=args.images)
     ho_images, ho_captions = D.generate(n_val, args.seed, "heldout")
@@ -217,7 +219,7 @@ def main(argv=None):
     vocab = DemoVocab(words=list(D.CAPTION_WORDS), codebook_size=args.codebook, grid=16)
     vocab.save(out)
     prompts, img = build_sequences(vocab, captions, codes)
-    img_weights = object_loss_weights(coverage, args.object_weight)
+    img_weights = object_loss_weights(np.stack([D.caption_regions(c) for c in captions]), args.object_weight)
     vprompts, vimg = build_sequences(vocab, val_captions, val_codes)
     hprompts, himg = build_sequences(vocab, ho_captions, ho_codes)
     max_len = max(len(p) for p in prompts + hprompts) + img.shape[1]

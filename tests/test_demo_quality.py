@@ -115,3 +115,19 @@ def test_shipped_model_quality_floor(demo_model):
     assert rates.n == 24
     assert rates.background >= 22 / 24 - 0.05, rates
     assert rates.objects >= 4 / 24 - 0.05, rates
+
+
+def test_captioned_grid_frames_pass_and_fail():
+    """The docs grid: one cell per image, a green frame where every check passes, red otherwise."""
+    from PIL import Image
+
+    s = D.make_sample(0, 0)
+    good = Q.check_image(s.caption, s.image)
+    bad = Q.check_image("a red circle top left on a black background", np.zeros((64, 64, 3), np.uint8))
+    rows = [(s.caption, 0, good, Image.fromarray(s.image)), ("a red circle top left on a black background", 0, bad,
+            Image.fromarray(np.zeros((64, 64, 3), np.uint8)))]
+    grid = np.asarray(Q.captioned_grid(rows, cols=2, scale=2))
+    assert grid.shape[1] == 2 * (128 + 12) and grid.shape[0] > 128
+    assert good.all and not bad.all
+    assert tuple(grid[4, 4]) == (40, 160, 60) and tuple(grid[4, 140 + 4]) == (200, 40, 40)
+    assert (grid[6:134, 6:134] == np.asarray(Image.fromarray(s.image).resize((128, 128), Image.NEAREST))).all()

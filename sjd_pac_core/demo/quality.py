@@ -178,6 +178,30 @@ def evaluate_model(model, prompts: Optional[Iterable[str]] = None, seeds: Sequen
     return pass_rates([r[2] for r in rows]), rows
 
 
+def captioned_grid(rows, cols: int = 8, scale: int = 3, caption_lines: int = 3) -> Image.Image:
+    """A grid of `evaluate_model` rows: each image upscaled, its prompt under it, and a green
+    (all checks pass) or red frame, so a reader sees what the pass rates mean."""
+    from PIL import ImageDraw, ImageFont
+    import textwrap
+
+    font = ImageFont.load_default(size=11)
+    side = IMAGE_SIZE * scale
+    pad, line_h = 6, 13
+    cell_w, cell_h = side + 2 * pad, side + 2 * pad + caption_lines * line_h
+    n_rows = (len(rows) + cols - 1) // cols
+    sheet = Image.new("RGB", (cols * cell_w, n_rows * cell_h), "white")
+    draw = ImageDraw.Draw(sheet)
+    for i, (prompt, _seed, check, image) in enumerate(rows):
+        r, c = divmod(i, cols)
+        x, y = c * cell_w + pad, r * cell_h + pad
+        frame = (40, 160, 60) if check.all else (200, 40, 40)
+        draw.rectangle([x - 3, y - 3, x + side + 2, y + side + 2], outline=frame, width=3)
+        sheet.paste(image.convert("RGB").resize((side, side), Image.NEAREST), (x, y))
+        for k, text in enumerate(textwrap.wrap(prompt, width=side // 6)[:caption_lines]):
+            draw.text((x, y + side + 4 + k * line_h), text, fill="black", font=font)
+    return sheet
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """``python -m sjd_pac_core.demo.quality --cfg 1 2 3 4 --seeds 0 1``: pass rates per setting."""
     import argparse
@@ -191,16 +215,21 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--top-k", type=int, default=None)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--model", default="demo", help="the demo model, or a folder written by demo.train")
+    ap.add_argument("--grid", default=None, help="save the first seed's images, captioned and framed, to this PNG")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     from ..models.loader import load_model
 
-    m = load_model("demo", device="cpu")
+    m = load_model(a.model, device="cpu")
     overrides = {k: v for k, v in (("temperature", a.temperature), ("top_k", a.top_k)) if v is not None}
     for cfg in a.cfg or [m.defaults.cfg_scale]:
         config = m.defaults.sampler_config(method="sjd_pac", verify="gumbel", cfg_scale=cfg, **overrides)
-        rates, _ = evaluate_model(m, seeds=a.seeds, config=config)
+        rates, rows = evaluate_model(m, seeds=a.seeds, config=config)
         print(json.dumps({"cfg_scale": cfg, **overrides, "seeds": a.seeds, **rates.as_dict()}), flush=True)
+        if a.grid:
+            captioned_grid([row for row in rows if row[1] == a.seeds[0]]).save(a.grid)
+            print(f"wrote {a.grid}", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,10 @@ from .loader import ModelLoadError
 
 class DemoImageModel(ARImageModel):
     family = "demo"
-    # Measured on the shipped weights (README, "Demo model"): CFG 3 keeps colours and shapes on
-    # the caption; temperature 1 keeps the model's own diversity.
-    defaults = FamilyDefaults(resolutions=("64x64",), cfg_scale=3.0, temperature=1.0, window=32)
+    # Measured on the shipped weights (README, "Demo model"; `python -m sjd_pac_core.demo.quality`):
+    # CFG 2 at temperature 0.8 gets background and object colour right on 96 % of held-out
+    # prompts; CFG 3 paints the object colour over the background, temperature 1 adds stray blobs.
+    defaults = FamilyDefaults(resolutions=("64x64",), cfg_scale=2.0, temperature=0.8, window=32)
 
     def __init__(self, demo: DemoModel) -> None:
         self.demo = demo

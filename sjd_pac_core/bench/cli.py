@@ -165,10 +165,11 @@ def _bench(args) -> int:
     summary = summarise(result.runs, [m.key for m in methods])
     figures: List[str] = []
     extra = []
+    paths = write_outputs(result, out)  # first, so a failing figure never loses a long run's numbers
     if not args.no_plots:
         figures = _bench_plots(result, summary, out, args, model, plots, acceptance_histogram, measure_locality)
         extra.append("figures: " + ", ".join(figures))
-    paths = write_outputs(result, out, extra_md="\n".join(extra))
+        paths = write_outputs(result, out, extra_md="\n".join(extra))
     if figures:  # the locality numbers also go into the JSON
         data = json.loads(paths["json"].read_text())
         data["figures"] = figures

@@ -4,13 +4,14 @@
 
 Reports, on the model's own AR samples:
 * mean per-token entropy (nats) of the image-code distribution at temperature 1, without and
-  with top-k;
+  with top-k, and under the shipped sampling defaults (CFG, temperature);
 * the locality curve: mean total variation between p_{i+d} with and without a change of the
   token at i, for d = 1..36 (image tokens of real models peak at d = 1 and one row below,
   d = 17 with the <eol> column, and again at d = 34);
 * SJD step compression (image tokens per forward pass) at window 32 with the real per-position
   constraints (image codes at free positions, <eol> forced at every row end), through the
-  library's ``sjd_pac_core.sample_tokens`` when it is importable.
+  library's ``sjd_pac_core.sample_tokens`` when it is importable, for the raw model and at the
+  sampling defaults; SJD-PAC at window 64 likewise.
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ CAPTIONS = [
 ]
 
 
-def image_logits(demo, captions, tokens):
-    """Teacher-forced logits at the image positions: (B, 272, V)."""
+def image_logits(demo, captions, tokens, uncond: bool = False):
+    """Teacher-forced logits at the image positions: (B, 272, V); ``uncond``: with the
+    unconditional prompt instead of the captions (for classifier-free guidance)."""
     vocab = demo.vocab
-    prompts = [vocab.prompt_ids(c) for c in captions]
+    prompts = [vocab.uncond_prompt_ids() if uncond else vocab.prompt_ids(c) for c in captions]
     out = []
     for p, t in zip(prompts, tokens):
         ids = torch.cat([p, t])[None]
@@ -74,6 +76,11 @@ def main(argv=None):
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    from ..models.demo import DemoImageModel
+
+    ap.add_argument("--cfg-scale", type=float, default=DemoImageModel.defaults.cfg_scale,
+                    help="the sampling defaults measured besides the raw model (default: the shipped ones)")
+    ap.add_argument("--temperature", type=float, default=DemoImageModel.defaults.temperature)
     ap.add_argument("--sjd-only", action="store_true", help="only the SJD L=window measurement (quick)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -91,6 +98,7 @@ def main(argv=None):
         toks = reference_ar_sample(demo, caps, seed=args.seed)
         print(f"AR samples: {time.time() - t0:.1f}s", flush=True)
         entropy_and_locality(demo, caps, toks, allowed, free, args, res)
+        entropy_at_defaults(demo, caps, toks, allowed, free, args.cfg_scale, args.temperature, res)
     sjd_measure(demo, allowed, args, res)
     pictures(demo, toks if caps else None, args, res)
     res["wall_s"] = round(time.time() - t0, 1)
@@ -99,6 +107,17 @@ def main(argv=None):
         json.dump(res, f, indent=2)
     print("wrote", out)
     return res
+
+
+@torch.no_grad()
+def entropy_at_defaults(demo, caps, toks, allowed, free, cfg_scale: float, temperature: float, res) -> None:
+    """Mean per-token entropy of what the sampler draws from: CFG and temperature applied."""
+    lc = image_logits(demo, caps, toks)
+    lu = image_logits(demo, caps, toks, uncond=True)
+    guided = (lu + cfg_scale * (lc - lu)) / temperature
+    res["sampling_defaults"] = {"cfg_scale": cfg_scale, "temperature": temperature}
+    res["entropy_nats_defaults"] = float(entropy(masked_probs(guided, allowed[None]))[:, free].mean())
+    print("entropy at the defaults", res["entropy_nats_defaults"], flush=True)
 
 
 @torch.no_grad()
@@ -165,14 +184,16 @@ def sjd_measure(demo, allowed, args, res):
             vocab.vocab_size, vocab.num_image_tokens, allowed=allowed, forced=vocab.forced_tokens()
         )
         sjd = {}
+        defaults = dict(cfg_scale=args.cfg_scale, temperature=args.temperature)
         settings = [
             ("sjd", dict(method="sjd", window=args.window)),
+            ("sjd_defaults", dict(method="sjd", window=args.window, **defaults)),
         ]
         if not args.sjd_only:
             settings += [
             ("sjd_topk64", dict(method="sjd", window=args.window, top_k=64)),
-            ("sjd_cfg3", dict(method="sjd", window=args.window, cfg_scale=3.0)),
             ("sjd_pac_L64", dict(method="sjd_pac", window=64)),
+            ("sjd_pac_L64_defaults", dict(method="sjd_pac", window=64, **defaults)),
             ]
         for name, kw in settings:
             comps, times, ok = [], [], True
@@ -220,7 +241,9 @@ def pictures(demo, toks, args, res):
         D.contact_sheet(np.concatenate([ims[:8], rec[:8], ho, rec[8:]]), 8, 3).save(
             os.path.join(args.docs, "demo_vq_recon.png")
         )
-        cfg_toks = reference_ar_sample(demo, CAPTIONS, cfg_scale=3.0, seed=args.seed + 1)
+        cfg_toks = reference_ar_sample(
+            demo, CAPTIONS, cfg_scale=args.cfg_scale, temperature=args.temperature, seed=args.seed + 1
+        )
         arr = np.concatenate([demo.tokens_to_array(toks[: len(CAPTIONS)]), demo.tokens_to_array(cfg_toks)])
         D.contact_sheet(arr, 8, 3).save(os.path.join(args.docs, "demo_samples.png"))
         res["samples_png_captions"] = CAPTIONS

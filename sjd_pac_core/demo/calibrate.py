@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from . import data as D
+from ..models.demo import DemoImageModel
 from .model import WEIGHTS_DIR, load_demo, reference_ar_sample
 
 CAPTIONS = [
@@ -76,8 +77,6 @@ def main(argv=None):
     ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    from ..models.demo import DemoImageModel
-
     ap.add_argument("--cfg-scale", type=float, default=DemoImageModel.defaults.cfg_scale,
                     help="the sampling defaults measured besides the raw model (default: the shipped ones)")
     ap.add_argument("--temperature", type=float, default=DemoImageModel.defaults.temperature)
@@ -97,8 +96,8 @@ def main(argv=None):
     if caps:
         toks = reference_ar_sample(demo, caps, seed=args.seed)
         print(f"AR samples: {time.time() - t0:.1f}s", flush=True)
-        entropy_and_locality(demo, caps, toks, allowed, free, args, res)
-        entropy_at_defaults(demo, caps, toks, allowed, free, args.cfg_scale, args.temperature, res)
+        cond_logits = entropy_and_locality(demo, caps, toks, allowed, free, args, res)
+        entropy_at_defaults(demo, caps, toks, cond_logits, allowed, free, args.cfg_scale, args.temperature, res)
     sjd_measure(demo, allowed, args, res)
     pictures(demo, toks if caps else None, args, res)
     res["wall_s"] = round(time.time() - t0, 1)
@@ -110,9 +109,9 @@ def main(argv=None):
 
 
 @torch.no_grad()
-def entropy_at_defaults(demo, caps, toks, allowed, free, cfg_scale: float, temperature: float, res) -> None:
-    """Mean per-token entropy of what the sampler draws from: CFG and temperature applied."""
-    lc = image_logits(demo, caps, toks)
+def entropy_at_defaults(demo, caps, toks, lc, allowed, free, cfg_scale: float, temperature: float, res) -> None:
+    """Mean per-token entropy of what the sampler draws from: CFG and temperature applied to the
+    conditional logits ``lc`` (from `entropy_and_locality`) and the unconditional ones."""
     lu = image_logits(demo, caps, toks, uncond=True)
     guided = (lu + cfg_scale * (lc - lu)) / temperature
     res["sampling_defaults"] = {"cfg_scale": cfg_scale, "temperature": temperature}
@@ -121,7 +120,8 @@ def entropy_at_defaults(demo, caps, toks, allowed, free, cfg_scale: float, tempe
 
 
 @torch.no_grad()
-def entropy_and_locality(demo, caps, toks, allowed, free, args, res):
+def entropy_and_locality(demo, caps, toks, allowed, free, args, res) -> torch.Tensor:
+    """Entropy and locality into ``res``; returns the conditional image logits it computed."""
     vocab = demo.vocab
 
     # ---- entropy -------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def entropy_and_locality(demo, caps, toks, allowed, free, args, res):
     curve = (tv_sum / tv_n.clamp_min(1))[1:]
     res["locality_tv"] = {str(d): round(float(curve[d - 1]), 4) for d in range(1, dmax + 1)}
     print("locality TV d=1..36:", " ".join(f"{x:.3f}" for x in curve.tolist()), flush=True)
-
+    return lg
 
 
 @torch.no_grad()
@@ -227,7 +227,6 @@ def sjd_measure(demo, allowed, args, res):
                 }
             print(name, sjd[name], flush=True)
         res["sjd"] = sjd
-
 
 
 @torch.no_grad()

@@ -18,6 +18,33 @@ class ConfigError(ValueError):
     """A setting is out of range; the message says which and how to fix it."""
 
 
+# Work budget of one forward pass, checked before any work. A Proactive Drafting tree has
+# K + K^2 + ... + K^(D-1) nodes below its root, so its cost grows as K^(D-1): D = 8, K = 4 would
+# be 21,844 nodes per pass (and a mask of 21,844^2 entries). These bounds keep every pass small
+# enough to build and run in well under a second of sampler work on any machine.
+MAX_TREE_NODES = 256  # PD tree nodes below the root (paper default D=3, K=4: 20)
+MAX_WINDOW = 1024  # draft window L
+
+
+def tree_node_count(depth: int, width: int, limit: int = MAX_TREE_NODES) -> int:
+    """Nodes below the root of a full (D, K) tree; stops counting once past `limit`."""
+    total, level = 0, 1
+    for _ in range(max(depth - 1, 0)):
+        level *= width
+        total += level
+        if total > limit:
+            break
+    return total
+
+
+def max_tree_depth(width: int, limit: int = MAX_TREE_NODES) -> int:
+    """The largest tree depth D whose tree fits the node budget for tree width K."""
+    depth = 1
+    while depth < 64 and tree_node_count(depth + 1, width, limit) <= limit:
+        depth += 1
+    return depth
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     """How to sample image tokens.
@@ -76,6 +103,18 @@ class SamplerConfig:
             raise ConfigError(
                 f"tree_width (K) must be an integer >= 1, got {self.tree_width!r}; the paper uses 4."
             )
+        if self.window != "auto" and self.window > MAX_WINDOW:
+            raise ConfigError(
+                f"window (L) = {self.window} is above the limit of {MAX_WINDOW} drafts per pass; use 32, 64 or 'auto'."
+            )
+        if self.method == "sjd_pac" and self.proactive_drafting and self.tree_depth > 1:
+            nodes = tree_node_count(self.tree_depth, self.tree_width)
+            if nodes > MAX_TREE_NODES:
+                raise ConfigError(
+                    f"A tree of depth D = {self.tree_depth} and width K = {self.tree_width} has more than "
+                    f"{MAX_TREE_NODES} nodes (the cost grows as K^(D-1)); with K = {self.tree_width} use "
+                    f"D <= {max_tree_depth(self.tree_width)}."
+                )
         if self.temperature is None or not self.temperature > 0:
             raise ConfigError(
                 f"temperature must be > 0, got {self.temperature!r}; use 1.0 for the model's own "

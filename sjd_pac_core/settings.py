@@ -1,0 +1,119 @@
+"""The one conversion from user-facing settings (CLI flags, ComfyUI widgets, Gradio fields) to a
+SamplerConfig, shared by the CLI, the nodes and the app so that they cannot disagree.
+
+UI conventions handled here once: a value left empty (None or "") takes the loaded model's own
+default; top-k 0 and top-p 1 mean "off"; the window may be "auto"; whole numbers may arrive as
+floats (2.0) but a fraction (2.5) in a whole-number field is refused, never rounded; seed -1 (or
+empty) asks for a random seed, which is returned so that the run can be reproduced.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Optional, Union
+
+from .config import ConfigError, SamplerConfig
+from .models.image_model import FamilyDefaults
+
+# Random seeds are drawn below 2^32 so that they are easy to read, type and store in JSON.
+RANDOM_SEED_RANGE = 2**32
+SEED_MAX = 2**64 - 1  # ComfyUI's seed widget range; larger seeds are refused by name
+
+
+def _empty(value: object) -> bool:
+    return value is None or (isinstance(value, str) and value.strip() == "")
+
+
+def whole_number(value: object, name: str, example: str) -> int:
+    """A UI number that must be whole: 3, 3.0 and "3" are 3; 3.5, "x", NaN are refused by name."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a whole number, got {value!r}; try {example}.")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a whole number, got {value!r}; try {example}.") from None
+    if not math.isfinite(number) or not number.is_integer():
+        raise ConfigError(f"{name} must be a whole number, got {value!r}; try {example}.")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        return int(value.strip()) if value.strip().lstrip("+-").isdigit() else int(number)
+    return int(number)
+
+
+def real_number(value: object, name: str, example: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a number, got {value!r}; try {example}.")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {value!r}; try {example}.") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}; try {example}.")
+    return number
+
+
+def window_value(value: object) -> Union[int, str]:
+    """The window L: a whole number or 'auto'."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    return whole_number(value, "window (L)", "32, 64 or 'auto'")
+
+
+def resolve_seed(value: object = None) -> int:
+    """The seed to run with: a given whole number as it is; -1 or empty -> a fresh random seed."""
+    if _empty(value):
+        return random.randrange(RANDOM_SEED_RANGE)
+    seed = whole_number(value, "seed", "0, or -1 for a random seed")
+    if seed == -1:
+        return random.randrange(RANDOM_SEED_RANGE)
+    if seed < 0 or seed > SEED_MAX:
+        raise ConfigError(
+            f"seed must be between 0 and 2^64-1 (or -1 for a random one), got {seed}; try 0."
+        )
+    return seed
+
+
+def config_from_settings(
+    defaults: Optional[FamilyDefaults] = None,
+    *,
+    method: Optional[str] = None,
+    window: object = None,
+    tree_depth: object = None,
+    tree_width: object = None,
+    verify: Optional[str] = None,
+    cfg_scale: object = None,
+    temperature: object = None,
+    top_k: object = None,
+    top_p: object = None,
+    adaptive_continuation: bool = True,
+    proactive_drafting: bool = True,
+) -> SamplerConfig:
+    """User settings -> a validated SamplerConfig; anything left empty takes `defaults`.
+
+    Raises ConfigError with one sentence naming the field and the fix.
+    """
+    base = (defaults or FamilyDefaults(resolutions=("",))).sampler_config()
+    values = {"adaptive_continuation": bool(adaptive_continuation), "proactive_drafting": bool(proactive_drafting)}
+    if not _empty(method):
+        values["method"] = method
+    if not _empty(verify):
+        values["verify"] = verify
+    if not _empty(window):
+        values["window"] = window_value(window)
+    if not _empty(tree_depth):
+        values["tree_depth"] = whole_number(tree_depth, "tree depth (D)", "3")
+    if not _empty(tree_width):
+        values["tree_width"] = whole_number(tree_width, "tree width (K)", "4")
+    if not _empty(cfg_scale):
+        values["cfg_scale"] = real_number(cfg_scale, "CFG scale", "2 (1 = off)")
+    if not _empty(temperature):
+        values["temperature"] = real_number(temperature, "temperature", "1.0")
+    if not _empty(top_k):
+        k = whole_number(top_k, "top-k", "0 (off)")
+        values["top_k"] = None if k == 0 else k
+    if not _empty(top_p):
+        p = real_number(top_p, "top-p", "1.0 (off)")
+        values["top_p"] = None if p >= 1.0 else p
+    return base.with_(**values)

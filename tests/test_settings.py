@@ -1,0 +1,75 @@
+"""The shared settings conversion (CLI, nodes, app), the tree work budget and the thread rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sjd_pac_core as sp
+from sjd_pac_core.config import MAX_TREE_NODES, max_tree_depth, tree_node_count
+from sjd_pac_core.models.image_model import FamilyDefaults
+from sjd_pac_core.settings import config_from_settings, resolve_seed, whole_number
+from sjd_pac_core.threads import threads_for, torch_threads
+
+DEMO_LIKE = FamilyDefaults(resolutions=("64x64",), cfg_scale=2.0, temperature=0.8, window=32)
+
+
+def test_empty_settings_take_the_family_defaults():
+    config = config_from_settings(DEMO_LIKE, window="", cfg_scale=None)
+    assert (config.window, config.cfg_scale, config.temperature) == (32, 2.0, 0.8)
+
+
+def test_ui_conventions():
+    config = config_from_settings(DEMO_LIKE, window="auto", top_k=0, top_p=1.0, tree_depth=3.0, cfg_scale="1.5")
+    assert config.window == "auto" and config.top_k is None and config.top_p is None
+    assert config.tree_depth == 3 and isinstance(config.tree_depth, int) and config.cfg_scale == 1.5
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("window", 2.5, "window (L)"), ("tree_depth", "x", "tree depth (D)"), ("cfg_scale", float("nan"), "CFG scale"),
+    ("temperature", float("inf"), "temperature"), ("top_k", 1.5, "top-k"), ("window", True, "window (L)"),
+])
+def test_bad_settings_name_the_field(field, value, named):
+    with pytest.raises(sp.ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        config_from_settings(DEMO_LIKE, **{field: value})
+
+
+@pytest.mark.parametrize("width, depth", [(1, 64), (2, 8), (3, 5), (4, 4), (8, 3), (16, 2)])
+def test_largest_tree_depth_fits_the_budget_and_one_more_does_not(width, depth):
+    assert max_tree_depth(width) == depth
+    assert tree_node_count(depth, width) <= MAX_TREE_NODES
+    if depth < 64:
+        assert tree_node_count(depth + 1, width) > MAX_TREE_NODES
+
+
+def test_a_huge_tree_is_refused_at_once_with_the_largest_depth():
+    with pytest.raises(sp.ConfigError, match=r"with K = 4 use D <= 4"):
+        sp.SamplerConfig(method="sjd_pac", tree_depth=8, tree_width=4)
+    with pytest.raises(sp.ConfigError, match=r"K = 2 use D <= 8"):
+        sp.SamplerConfig(method="sjd_pac", tree_depth=10**9, tree_width=2)  # counted, not built
+    # The tree knobs do not matter (and are not checked) where no tree is built.
+    assert sp.SamplerConfig(method="sjd", tree_depth=8, tree_width=4).use_pd is False
+    with pytest.raises(sp.ConfigError, match="window"):
+        sp.SamplerConfig(window=10**6)
+
+
+def test_seeds():
+    assert resolve_seed(7) == 7 and resolve_seed("7") == 7 and resolve_seed(3.0) == 3
+    assert resolve_seed(2**64 - 1) == 2**64 - 1 and whole_number(2**70, "x", "1") == 2**70
+    seeds = {resolve_seed(-1) for _ in range(8)}
+    assert len(seeds) > 1 and all(0 <= s < 2**32 for s in seeds)
+    for bad in (-2, 2**64, 1.5, "abc"):
+        with pytest.raises(sp.ConfigError, match="seed"):
+            resolve_seed(bad)
+
+
+def test_thread_rule_and_restore():
+    small = torch.nn.Linear(10, 10)
+    assert threads_for(small, torch.device("cpu")) == 1
+    assert threads_for(small, torch.device("meta")) is None
+    big = torch.nn.Embedding(40_000_000, 1, device="meta")
+    assert threads_for(big, torch.device("cpu")) is None
+    before = torch.get_num_threads()
+    with torch_threads(2) as used:
+        assert used == torch.get_num_threads() == 2
+    assert torch.get_num_threads() == before

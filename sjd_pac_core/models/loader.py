@@ -199,11 +199,13 @@ def checkpoint_numel(folder: Path) -> int:
 # --- do the loaded weights match the files? ---------------------------------------------------
 def _find_key(name: str, keys, fuzzy: bool) -> Optional[str]:
     """name among keys; with fuzzy, also under another prefix (transformers may rename the
-    checkpoint's keys on load), matched on at least three trailing name components."""
+    checkpoint's keys on load): only leading components before the first layer index are
+    dropped, and at least three components are kept, so layer 1 never matches layer 0."""
     if name in keys:
         return name
     parts = name.split(".")
-    for start in range(1, len(parts) - 2 if fuzzy else 0):
+    first_index = next((i for i, p in enumerate(parts) if p.isdigit()), len(parts))
+    for start in range(1, min(first_index - 1, len(parts) - 3) + 1 if fuzzy else 0):
         suffix = ".".join(parts[start:])
         hits = [k for k in keys if k == suffix or k.endswith("." + suffix)]
         if len(hits) == 1:
@@ -312,9 +314,9 @@ def _torch_modules(obj: object, depth: int = 2) -> List[torch.nn.Module]:
     return list(unique.values())
 
 
-def first_non_finite(modules: List[torch.nn.Module]) -> Optional[str]:
-    """Name of the first floating-point parameter or buffer holding NaN or inf, else None.
-    One host sync per module (not per weight); weights offloaded to the meta device are skipped."""
+def first_non_finite(modules: List[torch.nn.Module]) -> Optional[Tuple[torch.nn.Module, str]]:
+    """The module and name of the first floating-point parameter or buffer holding NaN or inf,
+    else None. One host sync per module (not per weight); offloaded (meta) weights are skipped."""
     for module in modules:
         named = [(n, t) for n, t in list(module.named_parameters()) + list(module.named_buffers())
                  if t.is_floating_point() and t.device.type != "meta" and t.numel() > 0]
@@ -322,17 +324,22 @@ def first_non_finite(modules: List[torch.nn.Module]) -> Optional[str]:
             continue
         flags = torch.stack([torch.isfinite(t).all().to("cpu") for _, t in named])
         if not bool(flags.all()):
-            return named[int((~flags).nonzero()[0, 0])][0]
+            return module, named[int((~flags).nonzero()[0, 0])][0]
     return None
 
 
 def check_finite_weights(model: object, folder: Path) -> None:
     """ModelLoadError naming the first weight that holds NaN or inf: safetensors has no checksum,
     so a damaged data section behind an intact header loads without a word otherwise."""
-    name = first_non_finite(_torch_modules(model))
-    if name is None:
+    from transformers import PreTrainedModel
+
+    found = first_non_finite(_torch_modules(model))
+    if found is None:
         return
-    where = weight_file(folder, name, fuzzy=False)
+    module, name = found
+    # A transformers model may rename its checkpoint's keys; other modules (a VQ decoder read
+    # from its own file) are looked up by their exact names only.
+    where = weight_file(folder, name, fuzzy=isinstance(module, PreTrainedModel))
     source = f"{folder / where}" if where not in (None, INDEX_NAME) else f"the weight files in {folder}"
     raise ModelLoadError(
         f"The weight {name} loaded from {source} holds NaN or infinite values, so the file is damaged "

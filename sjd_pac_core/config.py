@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Literal, Optional, Union
+import math
+import numbers
+from dataclasses import dataclass, fields, replace
+from typing import Any, Dict, Literal, Mapping, Optional, Union
+
+import numpy as np
 
 Method = Literal["ar", "sjd", "sjd_pac"]
 VerifyRule = Literal["rejection", "gumbel"]
@@ -80,7 +84,22 @@ class SamplerConfig:
     top_p: Optional[float] = None
 
     def __post_init__(self) -> None:
+        # Types first (and numpy scalars turned into Python ones), then the ranges. The dataclass
+        # is frozen, so a validated config cannot change under a running sampler.
+        for name, value in coerced_fields(self).items():
+            object.__setattr__(self, name, value)
         self.validate()
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "SamplerConfig":
+        """A validated SamplerConfig from a dict of its fields (e.g. read from JSON or a UI)."""
+        if not isinstance(values, Mapping):
+            raise ConfigError(
+                f"config must be a SamplerConfig or a dict of its fields, got {type(values).__name__}; "
+                "build one with SamplerConfig(...)."
+            )
+        check_field_names(values)
+        return cls(**values)
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -159,5 +178,83 @@ class SamplerConfig:
 
     def with_(self, **changes) -> "SamplerConfig":
         """A validated copy with some fields changed."""
+        check_field_names(changes)
         return replace(self, **changes)
+
+
+def coerce_config(config: Union[None, SamplerConfig, Mapping[str, Any]]) -> SamplerConfig:
+    """What the sampler accepts as its config: None (the defaults), a SamplerConfig (validated
+    again, in case it was changed behind the frozen dataclass's back) or a dict of fields."""
+    if config is None:
+        return SamplerConfig()
+    if isinstance(config, SamplerConfig):
+        return replace(config)
+    return SamplerConfig.from_mapping(config)
+
+
+def check_field_names(values: Mapping[str, Any]) -> None:
+    known = [f.name for f in fields(SamplerConfig)]
+    unknown = [str(name) for name in values if name not in known]
+    if unknown:
+        raise ConfigError(
+            f"SamplerConfig has no field {unknown[0]!r}; the fields are {', '.join(known)}."
+        )
+
+
+# --- field types ------------------------------------------------------------------------------
+# Each field's annotation (a string under `from __future__ import annotations`) decides how its
+# value is checked. bool is an int subclass in Python, so numeric fields refuse it by name;
+# numpy integers and floats are what they look like and are accepted as such.
+_INT_FIELDS = {"int", "Optional[int]"}
+_FLOAT_FIELDS = {"float", "Optional[float]"}
+
+
+def _kind(value: Any) -> str:
+    return f"{value!r} of type {type(value).__name__}"
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, (bool, np.bool_))
+
+
+def _as_int(name: str, value: Any) -> int:
+    if _is_bool(value) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an integer, got {_kind(value)}; pass a whole number such as 4.")
+    return int(value)
+
+
+def _as_float(name: str, value: Any) -> float:
+    if _is_bool(value) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be a number, got {_kind(value)}; pass a number such as 1.0.")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}; pass a number such as 1.0.")
+    return value
+
+
+def coerced_fields(config: SamplerConfig) -> Dict[str, Any]:
+    """Every typed field's value as a plain Python int/float/bool; ConfigError naming the field
+    for a value of the wrong type (a string, a bool where a number belongs, NaN, inf)."""
+    out: Dict[str, Any] = {}
+    for field in fields(config):
+        name, kind, value = field.name, field.type, getattr(config, field.name)
+        if kind.startswith("Optional[") and value is None:
+            continue
+        if kind == "bool":
+            if not _is_bool(value):
+                raise ConfigError(f"{name} must be True or False, got {_kind(value)}.")
+            out[name] = bool(value)
+        elif kind in _INT_FIELDS:
+            out[name] = _as_int(name, value)
+        elif kind in _FLOAT_FIELDS:
+            out[name] = _as_float(name, value)
+        elif name == "window" and not (isinstance(value, str) and value == "auto"):
+            if _is_bool(value) or not isinstance(value, numbers.Integral):
+                raise ConfigError(
+                    f"window (L) must be an integer >= 1 or 'auto', got {_kind(value)}; try 32, 64 or 'auto'."
+                )
+            out[name] = int(value)
+        elif kind in ("Method", "VerifyRule", "InitProposal") and not isinstance(value, str):
+            raise ConfigError(f"{name} must be a string, got {_kind(value)}.")
+    return out
 

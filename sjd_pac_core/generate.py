@@ -9,10 +9,11 @@ from typing import List, Optional
 import torch
 from PIL import Image
 
-from .config import SamplerConfig
+from .config import ConfigError, SamplerConfig
 from .engine.loop import Callback, sample_tokens
 from .engine.stats import RunStats
 from .models.image_model import ARImageModel, PromptEncoding
+from .sampling.seeds import resolve_seed
 
 
 @dataclass
@@ -30,7 +31,7 @@ def generate_image(
     model: ARImageModel,
     prompt: str,
     config: Optional[SamplerConfig] = None,
-    seed: int = 0,
+    seed: Optional[int] = 0,
     negative_prompt: str = "",
     resolution: Optional[str] = None,
     callback: Optional[Callback] = None,
@@ -38,12 +39,15 @@ def generate_image(
 ) -> ImageResult:
     """Generate `batch_size` images (seeds seed, seed+1, ...) for one prompt.
 
+    seed: any integer (reduced to 64 bits), or None for a random one, reported in the result.
+
     config: None takes the family's recommended settings (model.defaults).
     callback: called after every forward pass with a Progress (see sample_tokens); raise
         GenerationCancelled in it to stop.
     """
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+    seed = resolve_seed(seed)
     config = config or model.defaults.sampler_config()
     encoding = model.encode_prompt(prompt, negative_prompt, resolution)
     for message in encoding.warnings:

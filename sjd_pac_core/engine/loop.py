@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -20,6 +20,7 @@ from ..sampling.drafting import adaptive_continuation, candidate_count, initial_
 from ..sampling.recipe import SamplingRecipe, TokenConstraints, process
 from ..sampling.rules import make_rule
 from ..sampling.tree import TreeLayout, build_tree_layout
+from .inputs import check_sample_inputs
 from .state import DecodeState, DraftWindow, PassOutcome
 from .stats import PassRecord, RunStats
 from .window import AutoWindow, FixedWindow, measure_cost_curve
@@ -54,8 +55,8 @@ def sample_tokens(
     model: object,
     prompt_ids: torch.Tensor,
     num_tokens: int,
-    config: Optional[SamplerConfig] = None,
-    seed: int = 0,
+    config: Union[None, SamplerConfig, Mapping[str, Any]] = None,
+    seed: Optional[int] = 0,
     uncond_prompt_ids: Optional[torch.Tensor] = None,
     allowed_tokens: Union[None, torch.Tensor, Sequence[int], TokenConstraints] = None,
     callback: Optional[Callback] = None,
@@ -63,44 +64,23 @@ def sample_tokens(
     """Sample num_tokens tokens after prompt_ids, exactly as plain AR sampling would.
 
     model: a transformers causal LM, a TokenModel adapter, or a model from load_model.
-    allowed_tokens: a bool mask [V] or [num_tokens, V], a list of ids, or TokenConstraints
-        (which also carries forced tokens such as end-of-line).
+    prompt_ids, uncond_prompt_ids: one prompt each, token ids as a 1-D LongTensor (or list).
+    config: a SamplerConfig, or a dict of its fields (validated into one).
+    seed: any integer, reduced to 64 bits (sampling/seeds.py); None draws a random seed, which
+        the result reports in `seed`.
+    allowed_tokens: a mask [V] or [num_tokens, V] (bool, or 0/1 of any dtype), a list of ids,
+        or TokenConstraints (which also carries forced tokens such as end-of-line).
     callback: called with a Progress after every forward pass; raise GenerationCancelled (or
         anything) in it to stop.
+    Every argument is checked before any work (engine/inputs.py): a ConfigError names the one
+    that is wrong.
     """
-    config = config or SamplerConfig()
     token_model = as_token_model(model)
-    _check_inputs(token_model, prompt_ids, num_tokens, config, uncond_prompt_ids)
-    constraints = TokenConstraints.from_user(allowed_tokens, token_model.vocab_size, num_tokens)
-    largest_support = int(constraints.free_support_sizes().max())
-    if config.use_pd and config.tree_width > largest_support:
-        raise ConfigError(
-            f"tree_width (K) = {config.tree_width} is larger than the {largest_support} tokens the "
-            f"model may choose from; use a tree width of at most {largest_support}."
-        )
-    prompts = [prompt_ids.reshape(-1).long()]
-    if config.uses_cfg:
-        prompts.append(uncond_prompt_ids.reshape(-1).long())
+    inputs = check_sample_inputs(
+        token_model, prompt_ids, num_tokens, config, seed, uncond_prompt_ids, allowed_tokens, callback
+    )
     with torch.inference_mode():
-        return _Decoder(token_model, config, seed, constraints).run(prompts, callback)
-
-
-def _check_inputs(
-    token_model: TokenModel,
-    prompt_ids: torch.Tensor,
-    num_tokens: int,
-    config: SamplerConfig,
-    uncond_prompt_ids: Optional[torch.Tensor],
-) -> None:
-    if not isinstance(num_tokens, int) or num_tokens < 1:
-        raise ConfigError(f"num_tokens must be an integer >= 1, got {num_tokens!r}.")
-    if not isinstance(prompt_ids, torch.Tensor) or prompt_ids.numel() < 1:
-        raise ConfigError("prompt_ids must be a non-empty LongTensor of token ids; encode the prompt first.")
-    if config.uses_cfg and (uncond_prompt_ids is None or uncond_prompt_ids.numel() < 1):
-        raise ConfigError(
-            f"cfg_scale={config.cfg_scale} needs an unconditional prompt; pass uncond_prompt_ids "
-            "(for example just the image-start tokens) or set cfg_scale=1.0."
-        )
+        return _Decoder(token_model, inputs.config, inputs.seed, inputs.constraints).run(inputs.prompts, inputs.callback)
 
 
 class _Decoder:

@@ -14,7 +14,7 @@ from ..demo.vocab import EOL, VOCAB_FILE
 from ..demo.vq import VQ_CONFIG, VQ_WEIGHTS
 from .causal_lm import CausalLMAdapter
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
-from .loader import ModelLoadError
+from .loader import ModelLoadError, check_checkpoint_matches
 
 
 class DemoImageModel(ARImageModel):
@@ -49,7 +49,20 @@ class DemoImageModel(ARImageModel):
                     f"{folder / name} is missing; rebuild the demo model with "
                     "`python -m sjd_pac_core.demo.train`."
                 )
-        demo = load_demo(str(folder), dtype=dtype)
+        # transformers would fill a missing weight with random values: compare the file's header
+        # with the model config.json builds (on the meta device: no memory) before loading.
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        with torch.device("meta"):
+            skeleton = LlamaForCausalLM(LlamaConfig.from_dict(config))
+        check_checkpoint_matches(folder / "model.safetensors", {k: v.shape for k, v in skeleton.state_dict().items()})
+        try:
+            demo = load_demo(str(folder), dtype=dtype)
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+            raise ModelLoadError(
+                f"The demo model in {folder} could not be loaded ({' '.join(str(exc).split())[:200]}); "
+                "rebuild it with `python -m sjd_pac_core.demo.train`."
+            ) from None
         demo.model.to(device)
         demo.vq.to(device)
         return cls(demo)

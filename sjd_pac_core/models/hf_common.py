@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional, Type
+from typing import Callable, List, Optional, Type
 
 import numpy as np
 import torch
 from PIL import Image
 from transformers import PreTrainedModel
 
-from .loader import ModelLoadError
+from .loader import ModelLoadError, check_loading_info
 
 
 def pixels_to_pil(pixels: torch.Tensor, channels_last: bool = False) -> List[Image.Image]:
@@ -34,20 +34,43 @@ def require_any(folder: Path, names: List[str], what: str, fix: str) -> Path:
     raise ModelLoadError(f"{folder} has no {what} ({' or '.join(names)}); {fix}")
 
 
+LoadingInfo = dict  # transformers' output_loading_info: missing/unexpected/mismatched keys, error_msgs
+
+
 def load_pretrained(
-    cls: Type[PreTrainedModel], folder: Path, dtype: torch.dtype, device: torch.device, device_map: Optional[str]
+    cls: Type[PreTrainedModel],
+    folder: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    device_map: Optional[str],
+    repair: Optional[Callable[[PreTrainedModel, LoadingInfo], LoadingInfo]] = None,
 ) -> PreTrainedModel:
-    """from_pretrained on one device, or spread by accelerate when device_map is "auto"."""
+    """from_pretrained on one device, or spread by accelerate when device_map is "auto".
+
+    transformers fills a missing or mis-shaped weight with random values and only logs it; here
+    every weight its loading info reports is a ModelLoadError naming the file and the weight.
+    repair: a family's fix for a known, harmless difference of its checkpoints; it gets the model
+    and the loading info and returns the info without the entries it fixed.
+    """
     try:
+        kwargs = dict(dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True)
         if device_map is not None:
-            model = cls.from_pretrained(folder, dtype=dtype, device_map=device_map)
+            model, info = cls.from_pretrained(folder, device_map=device_map, **kwargs)
         else:
-            model = cls.from_pretrained(folder, dtype=dtype).to(device)
+            model, info = cls.from_pretrained(folder, **kwargs)
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(
             f"Loading the weights in {folder} failed ({short(exc)}); "
             "download the checkpoint again or check that it matches config.json."
         ) from exc
+    if repair is not None:
+        info = repair(model, info)
+    check_loading_info(folder, info)
+    if device_map is None:
+        try:
+            model = model.to(device)
+        except RuntimeError as exc:
+            raise ModelLoadError(f"Moving the weights of {folder} to {device} failed ({short(exc)}).") from exc
     return model.eval()
 
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
+import numpy as np
 import torch
+
+from ..config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -41,55 +44,79 @@ class TokenConstraints:
             allowed = torch.ones(vocab_size, dtype=torch.bool)
         allowed = allowed.to(torch.bool)
         if allowed.shape[-1] != vocab_size or allowed.dim() not in (1, 2):
-            raise ValueError(
+            raise ConfigError(
                 f"allowed_tokens must be a bool mask of shape [{vocab_size}] or [{num_tokens}, "
                 f"{vocab_size}], got {tuple(allowed.shape)}."
             )
         if allowed.dim() == 2 and allowed.shape[0] != num_tokens:
-            raise ValueError(
-                f"per-position allowed_tokens needs {num_tokens} rows, got {allowed.shape[0]}."
+            raise ConfigError(
+                f"per-position allowed_tokens needs {num_tokens} rows (one per image token), got {allowed.shape[0]}."
             )
         if forced is None:
             forced = torch.full((num_tokens,), -1, dtype=torch.long)
         if forced.shape != (num_tokens,):
-            raise ValueError(f"forced tokens must have shape [{num_tokens}], got {tuple(forced.shape)}.")
+            raise ConfigError(f"forced tokens must have shape [{num_tokens}], got {tuple(forced.shape)}.")
         if int(forced.max()) >= vocab_size:
-            raise ValueError(f"a forced token id is outside the vocabulary of {vocab_size} tokens.")
+            raise ConfigError(f"a forced token id is outside the vocabulary of {vocab_size} tokens.")
         self.allowed = allowed
         self.forced = forced.to(torch.long)
         self.has_forced = bool((self.forced >= 0).any())
         if int(self.free_support_sizes().min()) < 1:
-            raise ValueError("allowed_tokens leaves a position with no allowed token; allow at least one.")
+            raise ConfigError("allowed_tokens leaves a position with no allowed token; allow at least one.")
 
     @classmethod
     def from_user(
         cls,
-        allowed_tokens: Union[None, torch.Tensor, Sequence[int], "TokenConstraints"],
+        allowed_tokens: Union[None, torch.Tensor, np.ndarray, Sequence[int], "TokenConstraints"],
         vocab_size: int,
         num_tokens: int,
     ) -> "TokenConstraints":
-        """Accept None, a bool mask, a list of token ids, or a ready TokenConstraints."""
+        """Accept None, a mask, a list of token ids, or a ready TokenConstraints.
+
+        A mask is any tensor, array or list of shape [V] or [num_tokens, V] whose values are all
+        0/1 (or True/False), whatever its dtype: a float or uint8 0/1 mask means the same as a
+        bool one. Anything else must be a 1-D collection of whole-number token ids in 0..V-1.
+        (A list of exactly V ids that are all 0 or 1 is read as a mask: pass a bool mask or
+        fewer ids to mean ids 0 and 1.)
+        """
         if isinstance(allowed_tokens, TokenConstraints):
             if allowed_tokens.vocab_size != vocab_size or allowed_tokens.num_tokens != num_tokens:
-                raise ValueError(
-                    f"constraints were built for vocabulary {allowed_tokens.vocab_size} and "
-                    f"{allowed_tokens.num_tokens} tokens, but sampling uses {vocab_size} and {num_tokens}."
+                raise ConfigError(
+                    f"allowed_tokens (TokenConstraints) was built for vocabulary {allowed_tokens.vocab_size} "
+                    f"and {allowed_tokens.num_tokens} tokens, but sampling uses {vocab_size} and {num_tokens}; "
+                    "build the constraints for this model and size."
                 )
             return allowed_tokens
         if allowed_tokens is None:
             return cls(vocab_size, num_tokens)
-        if not isinstance(allowed_tokens, torch.Tensor):
-            ids = torch.as_tensor(list(allowed_tokens), dtype=torch.long)
-            if ids.numel() == 0:
-                raise ValueError("allowed_tokens is empty; pass at least one token id or None.")
-            if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
-                raise ValueError(f"allowed_tokens has ids outside 0..{vocab_size - 1}.")
-            mask = torch.zeros(vocab_size, dtype=torch.bool)
-            mask[ids] = True
-            return cls(vocab_size, num_tokens, allowed=mask)
-        if allowed_tokens.dtype != torch.bool:
-            return cls.from_user(allowed_tokens.tolist(), vocab_size, num_tokens)
-        return cls(vocab_size, num_tokens, allowed=allowed_tokens)
+        values = _as_tensor(allowed_tokens)
+        if values.numel() == 0:
+            raise ConfigError("allowed_tokens is empty; pass at least one token id, a mask, or None.")
+        is_01 = bool(((values == 0) | (values == 1)).all())
+        if values.dtype == torch.bool or (is_01 and values.shape[-1] == vocab_size and values.dim() in (1, 2)):
+            return cls(vocab_size, num_tokens, allowed=values.to(torch.bool))
+        if values.dim() != 1:
+            raise ConfigError(
+                f"allowed_tokens of shape {tuple(values.shape)} is neither a mask of shape [{vocab_size}] or "
+                f"[{num_tokens}, {vocab_size}] nor a 1-D list of token ids; pass one of those."
+            )
+        if values.is_floating_point():
+            if not bool((values == values.round()).all()):
+                raise ConfigError(
+                    "allowed_tokens holds fractional numbers; pass whole-number token ids or a 0/1 mask "
+                    f"of length {vocab_size}."
+                )
+        elif values.dtype.is_complex:
+            raise ConfigError("allowed_tokens holds complex numbers; pass token ids or a bool mask.")
+        ids = values.long()
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+            raise ConfigError(
+                f"allowed_tokens has ids outside 0..{vocab_size - 1}; pass ids of the sampler's token space "
+                f"or a mask of length {vocab_size}."
+            )
+        mask = torch.zeros(vocab_size, dtype=torch.bool)
+        mask[ids.cpu()] = True
+        return cls(vocab_size, num_tokens, allowed=mask)
 
     def to(self, device: torch.device) -> "TokenConstraints":
         out = TokenConstraints.__new__(TokenConstraints)
@@ -116,6 +143,23 @@ class TokenConstraints:
         """Smallest number of tokens any free position allows (bounds the tree width K)."""
         sizes = self.free_support_sizes()
         return int(sizes.min())
+
+
+def _as_tensor(values: object) -> torch.Tensor:
+    """A tensor, numpy array or (nested) sequence of numbers or bools as a CPU tensor."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu()
+    try:
+        if isinstance(values, np.ndarray):
+            return torch.from_numpy(np.ascontiguousarray(values))
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            raise TypeError
+        return torch.as_tensor([v.item() if isinstance(v, np.generic) else v for v in values])
+    except (TypeError, ValueError, RuntimeError):
+        raise ConfigError(
+            f"allowed_tokens must be None, a bool mask, a list of token ids or TokenConstraints, got "
+            f"{type(values).__name__}; pass one of those."
+        ) from None
 
 
 def classifier_free_guidance(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:

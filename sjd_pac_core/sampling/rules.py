@@ -13,6 +13,7 @@ from typing import Tuple, Union
 
 import torch
 
+from .seeds import reduce_seed
 from .verify import (
     first_true,
     gumbel_argmax,
@@ -96,6 +97,7 @@ class GumbelRule:
 def make_rule(
     verify: str, seed: int, vocab_size: int, device: torch.device
 ) -> Union[RejectionRule, GumbelRule]:
+    seed = reduce_seed(seed)  # one seed domain for both rules (seeds.py)
     if verify == "gumbel":
         return GumbelRule(seed, vocab_size)
     generator = torch.Generator(device=device)

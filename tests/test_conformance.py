@@ -396,17 +396,61 @@ def test_float32_gumbel_noise_is_finite_and_standard(float32_everywhere):
     assert float(u.max()) < 1.0 and float(u.min()) > 0.0
 
 
-@pytest.mark.parametrize("name", ["sjd_pac_K3_D3_L8", "sjd_pac_K2_D4_cfg_topk_forced", "sjd_L2_shorter_than_sequence"])
-def test_float32_path_keeps_the_exact_distribution(float32_everywhere, name):
+def _chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    from scipy.stats import chisquare
+
+    probs, counts = np.asarray(probs, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    keep = probs > 0
+    assert counts[~keep].sum() == 0  # nothing drawn outside the support
+    return float(chisquare(counts[keep], probs[keep] / probs[keep].sum() * counts.sum()).pvalue)
+
+
+def test_float32_gumbel_argmax_draws_exactly_from_p(float32_everywhere):
+    """The seed-exact rule's float32 noise: argmax(log p + G_t) over 40000 positions ~ p."""
+    probs = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.04, 0.01, 0.0])
+    n = 40000
+    noise = verify.gumbel_noise(11, torch.arange(n), probs.shape[0])
+    tokens = verify.gumbel_argmax(probs.expand(n, -1), noise)
+    counts = np.bincount(tokens.numpy(), minlength=probs.shape[0])
+    assert _chi_square_p(counts, probs.numpy()) > 1e-3
+    # Planted-bug control: uniform instead of Gumbel noise is caught with the same sample size.
+    wrong = verify.gumbel_argmax(probs.expand(n, -1), torch.rand(n, probs.shape[0], generator=torch.Generator().manual_seed(0)))
+    assert _chi_square_p(np.bincount(wrong.numpy(), minlength=probs.shape[0]), probs.numpy()) < 1e-3
+
+
+def test_float32_draws_without_replacement_are_plackett_luce(float32_everywhere):
+    """Tree candidates in float32: ordered pairs (a, b) drawn with probability
+    q_a q_b / (1 - q_a) over q without the excluded token; 20000 draws."""
+    q = torch.tensor([0.4, 0.25, 0.2, 0.1, 0.05])
+    exclude = torch.tensor([False, False, False, True, False])
+    rest = q.masked_fill(exclude, 0.0)
+    rest = rest / rest.sum()
+    gen = torch.Generator().manual_seed(5)
+    pairs = np.stack([verify.sample_without_replacement(q, 2, exclude, gen).numpy() for _ in range(20000)])
+    v = q.shape[0]
+    counts = np.bincount(pairs[:, 0] * v + pairs[:, 1], minlength=v * v)
+    r = rest.double().numpy()
+    exact = np.array([r[a] * r[b] / (1 - r[a]) if a != b else 0.0 for a in range(v) for b in range(v)])
+    assert _chi_square_p(counts, exact) > 1e-3
+    # Planted-bug control: the top-2 of q plus uniform noise is not a draw without replacement.
+    biased = np.stack([torch.topk(q.log().masked_fill(exclude, -np.inf) + torch.rand(v, generator=gen), 2).indices.numpy()
+                       for _ in range(20000)])
+    assert _chi_square_p(np.bincount(biased[:, 0] * v + biased[:, 1], minlength=v * v), exact) < 1e-3
+
+
+@pytest.mark.slow
+def test_float32_path_keeps_the_exact_distribution(float32_everywhere):
+    """End to end: SJD-PAC (tree width 3, window 8) against the exact joint, with the exactness
+    tests' own case and sample count, every random draw in float32."""
     import test_exactness as ex
 
     model = ex.tiny_causal_lm(ex.V)
     cond = ex.conditional_logits(model, ex.PROMPT, ex.V, ex.N)
     uncond = ex.conditional_logits(model, ex.UNCOND, ex.V, ex.N)
     tiny = (model, cond, uncond, ex.TableModel({(0, 1): cond, (2,): uncond}, ex.V))
-    config, constraints, samples = ex.CASES[name]
+    config, constraints, samples = ex.CASES["sjd_pac_K3_D3_L8"]
     p_value, tv, noise = ex._check(tiny, config, constraints, samples)
-    assert p_value > ex.P_VALUE_MIN and tv < ex.TV_FACTOR * noise, (name, p_value, tv, noise)
+    assert p_value > ex.P_VALUE_MIN and tv < ex.TV_FACTOR * noise, (p_value, tv, noise)
 
 
 def test_float32_path_is_seed_exact(float32_everywhere, models):
@@ -414,3 +458,17 @@ def test_float32_path_is_seed_exact(float32_everywhere, models):
     ar = sample(model, "ar", "96x96", cfg=5.0, top_k=20, seed=3)
     pac = sample(model, "sjd_pac", "96x96", cfg=5.0, top_k=20, seed=3, window=16, tree_width=3)
     assert torch.equal(ar.tokens, pac.tokens)
+
+
+def test_static_size_lists_match_the_families(models):
+    """The lists made before a checkpoint is loaded (the ComfyUI node's) hold every family's sizes."""
+    from sjd_pac_core.models import sizes
+
+    processor = models["emu3"].processor
+    emu3 = []
+    for ratio in emu3_mod.RATIOS:
+        rows, cols = processor.calculate_generate_size(ratio, emu3_mod.DEFAULT_IMAGE_AREA, 8)
+        emu3.append(f"{cols * 8}x{rows * 8}")
+    assert tuple(emu3) == sizes.EMU3_RESOLUTIONS
+    known = set(sizes.known_resolutions())
+    assert {"64x64", "384x384", "512x512", "768x768", "1024x1024", "1024x576", "576x1024", "960x544"} <= known

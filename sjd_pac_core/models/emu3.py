@@ -29,7 +29,7 @@ from .loader import ModelLoadError, require_safetensors
 
 REPO_HINT = "BAAI/Emu3-Gen-hf"
 DEFAULT_IMAGE_AREA = 720 * 720
-RATIOS = ("1:1", "4:3", "3:4", "16:9", "9:16")
+RATIOS = ("1:1", "4:3", "3:4", "16:9", "9:16")  # their sizes at the default area: sizes.EMU3_RESOLUTIONS
 # Emu3's reference negative prompt (BAAI/Emu3-Gen image_generation.py).
 DEFAULT_NEGATIVE_PROMPT = (
     "lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "

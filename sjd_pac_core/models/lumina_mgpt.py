@@ -38,12 +38,12 @@ from .chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, VQGANLoadError,
 from .hf_common import free_model, load_pretrained, pixels_to_pil, preview_image, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .loader import ModelLoadError, require_safetensors
+from .sizes import PIXELS_PER_GRID, trained_sizes
 
 REPO_HINT = "Alpha-VLLM/Lumina-mGPT-7B-768 (or -512 / -1024)"
 # Target sizes of the Lumina-mGPT checkpoints (the side of the square whose area every trained
 # size shares); a checkpoint's own (from its folder name, e.g. lumina-mgpt-7b-768) comes first.
 LUMINA_SIZES: Tuple[int, ...] = (768, 512, 1024)
-MAX_ASPECT_RATIO = 4.0  # the reference's crop-size rule
 PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{prompt}"
 # Where the Chameleon tokenizer files may sit, relative to the model folder.
 VQGAN_DIRS = (".", "chameleon", "tokenizer", "chameleon/tokenizer", "ckpts/chameleon/tokenizer")
@@ -53,8 +53,7 @@ VQGAN_FIX = (
 )
 
 BOS, IMAGE_START, IMAGE_END, END_OF_LINE, END_OF_TURN = "<s>", "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
-# Lumina-mGPT's size tokens: <reserved{8800 + n:05d}> for n grids of 32 pixels (= 2 codes).
-PIXELS_PER_GRID = 32
+# Lumina-mGPT's size tokens: <reserved{8800 + n:05d}> for n grids of PIXELS_PER_GRID = 32 pixels (= 2 codes).
 
 
 def grid_token_name(n_grids: int) -> str:
@@ -64,23 +63,6 @@ def grid_token_name(n_grids: int) -> str:
 def image_code_of(name: str) -> int:
     """'IMGIMG' + the code's digits spelled with A-J + one final character -> the code."""
     return int("".join(str(ord(c) - ord("A")) for c in name[len("IMGIMG") : -1]))
-
-
-def trained_sizes(target: int, patch: int = PIXELS_PER_GRID, max_ratio: float = MAX_ASPECT_RATIO) -> Tuple[Tuple[int, int], ...]:
-    """(width, height) pairs a checkpoint of this target size was trained on, square first.
-
-    The rule of Lumina-mGPT's crop-size list: n = (target/patch)^2 patches; walking the width w
-    (in patches) down from n, the heights h run from floor(n/(w+1)) (1 for w = n) up to
-    floor(n/w); every (w, h) with aspect ratio at most max_ratio is a size.
-    """
-    n = (target // patch) ** 2
-    pairs = []
-    for w in range(n, 0, -1):
-        for h in range(max(1, n // (w + 1)), n // w + 1):
-            if max(w, h) / min(w, h) <= max_ratio:
-                pairs.append((w * patch, h * patch))
-    square = (target, target)
-    return (square, *[p for p in pairs if p != square])
 
 
 def parse_size(resolution: str) -> Tuple[int, int]:

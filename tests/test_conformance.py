@@ -107,6 +107,33 @@ def test_both_lumina_layouts_load_to_the_same_network(models):
     assert torch.equal(a.tokens, b.tokens)
 
 
+def test_lumina_layout_found_in_a_sharded_checkpoint_and_bad_rows_named(folders, tmp_path, monkeypatch):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = folders["lumina_mgpt"]
+    folder = tmp_path / "lumina-sharded"
+    shutil.copytree(src, folder)
+    state = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    norms = {k: v for k, v in state.items() if "_norm." in k and "self_attn" in k}
+    rest = {k: v for k, v in state.items() if k not in norms}
+    save_file(rest, str(folder / "model-00001-of-00002.safetensors"), metadata={"format": "pt"})
+    save_file(norms, str(folder / "model-00002-of-00002.safetensors"), metadata={"format": "pt"})
+    weight_map = {k: "model-00001-of-00002.safetensors" for k in rest}
+    weight_map.update({k: "model-00002-of-00002.safetensors" for k in norms})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    assert lumina_mgpt.qk_norm_rows(folder) == 1
+    # Rows that divide no head count: one sentence naming the fix, before the LLM weights are read.
+    bad = {k: v.expand(3, -1).contiguous() for k, v in norms.items()}
+    save_file(bad, str(folder / "model-00002-of-00002.safetensors"), metadata={"format": "pt"})
+    monkeypatch.setattr(lumina_mgpt, "load_pretrained", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(sp.ModelLoadError, match="q/k LayerNorm weights .* have 3 rows") as err:
+        sp.load_model(folder, dtype="fp32", device="cpu")
+    assert "\n" not in str(err.value) and str(err.value).endswith(".")
+
+
 # --- Lumina-mGPT: numbers pinned from the reference code -----------------------------------------
 # Produced by running Lumina-mGPT's own code (github.com/Alpha-VLLM/Lumina-mGPT, lumina_mgpt/ and
 # xllmx/, default branch) with transformers 4.47.1 in a throwaway environment on CPU in fp32, on

@@ -12,6 +12,7 @@ import torch
 import sjd_pac_core as sp
 from sjd_pac_core import ConfigError, Progress, SamplerConfig
 from sjd_pac_core.config import METHODS, VERIFY_RULES
+from sjd_pac_core.models.sizes import known_resolutions
 
 from . import comfy_bridge, speedup
 from .datatypes import AR_IMAGE_MODEL, AR_IMAGE_TOKENS, SJD_STATS, ARImageTokens, ModelHandle, SJDStats
@@ -20,7 +21,7 @@ log = logging.getLogger("sjd_pac.nodes")
 
 # ComfyUI needs a static list: the union of the resolutions the supported families offer, checked
 # against the loaded model at run time ("default" = the family's own default).
-RESOLUTIONS = ["default", "64x64", "384x384", "512x512", "720x720", "768x768", "1024x1024"]
+RESOLUTIONS = ["default", *known_resolutions()]
 METHOD_CHOICES = ["sjd_pac", "sjd", "ar"]
 VERIFY_CHOICES = ["rejection", "gumbel"]
 SEED_MAX = 2**63 - 1  # batches use seed, seed + 1, ...; torch seeds must stay below 2**64
@@ -279,8 +280,11 @@ class SJDPACSampler:
                 }),
                 "resolution": (RESOLUTIONS, {
                     "default": "default",
-                    "tooltip": "Output size. 'default' takes the model's own; other sizes must be supported by "
-                               "the model (demo 64x64, Janus-Pro 384x384, Emu3 720x720, Lumina-mGPT 768 768x768).",
+                    "tooltip": "Output size (width x height). 'default' takes the model's own; other sizes must be "
+                               "ones the loaded model was trained for, else the node names them: demo 64x64, "
+                               "Janus-Pro 384x384, Emu3 720x720 832x624 624x832 960x544 544x960, Lumina-mGPT "
+                               "every size of its checkpoint's pixel area (e.g. 768x768, 1024x576, 576x1024 "
+                               "for -768).",
                 }),
                 "seed": SEED_INPUT,
                 "cfg": k["cfg"], "temperature": k["temperature"], "top_k": k["top_k"], "top_p": k["top_p"],

@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("-o", "--output", default="out.png")
     gen.add_argument("--model", default="demo", help="'demo' or a local checkpoint folder")
     gen.add_argument("--negative-prompt", default="")
-    gen.add_argument("--resolution", default=None)
+    gen.add_argument("--resolution", default=None,
+                     help="WxH, one of the sizes the model was trained for (default: its own; a wrong one lists them)")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--batch-size", type=int, default=1)
     gen.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])

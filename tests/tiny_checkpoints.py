@@ -4,7 +4,13 @@ Each builder instantiates the real transformers class from a tiny config (2 laye
 saves it with save_pretrained (config.json + model.safetensors) next to the tokenizer/processor
 files the loader reads, and returns the folder. Nothing is downloaded.
 
-* Lumina-mGPT keeps Chameleon's real vocabulary layout: 65536 ids, <s>=0, image codes on ids
+* Lumina-mGPT comes in two on-disk layouts, both found in the wild: Lumina-mGPT's own
+  (`build_lumina`: what Alpha-VLLM/Lumina-mGPT-7B-* hold - its converter's config keys
+  (`model_parallel_size`, `swin_norm`, `z_loss_weight`, `mask_image_logits`, the vq_config with
+  the yaml's old and new key names), q/k LayerNorm weights as [model_parallel_size, head_dim] =
+  [1, head_dim], no `model.vqmodel.*` weights (its trainer deletes the VQ model)) and
+  transformers' (`build_lumina_transformers`: save_pretrained of ChameleonForConditionalGeneration,
+  q/k norms [num_heads, head_dim]). Both hold the same network. It keeps Chameleon's real vocabulary layout: 65536 ids, <s>=0, image codes on ids
   4..8195 (here in a shuffled order, so code <-> id mapping bugs show), <eoss>=8196,
   <racm3:break>=8197, <reserved0NNNN> at id NNNN+4 (so end-of-line <reserved08799> = 8803 and the
   size tokens 8804 + n). Only the width is tiny (hidden 32: embeddings 65536 x 32). The VQGAN is
@@ -12,7 +18,8 @@ files the loader reads, and returns the folder. Nothing is downloaded.
   encoder and loss keys the loader must skip), 16x downsampling, with attention and a width
   change so every kind of decoder key occurs.
 * Emu3 and Janus-Pro use small vocabularies with the families' real special-token names (the
-  loader finds every id by name), a 64-code VQ and the families' real processors.
+  loader finds every id by name), a 64-code VQ and the families' real processors, configured as
+  the real repos' processor configs are (image mean and std 0.5, not transformers' CLIP defaults).
 
 Head and embedding weights are scaled up so that the conditionals are peaked and depend on the
 prefix; otherwise every draft would be a coin flip over thousands of codes and the speculative
@@ -152,7 +159,12 @@ def write_vqgan(folder: Path, params: dict = TINY_VQGAN, seed: int = 0) -> Dict[
     return state
 
 
-def build_lumina(folder: Path, seed: int = 0) -> Path:
+LUMINA_HEADS = 2
+
+
+def _lumina_model(folder: Path, seed: int):
+    """The tiny Chameleon network (and the tokenizer files next to it). Its q/k LayerNorm rows
+    are equal over the heads, as in every Lumina-mGPT checkpoint (one row, repeated by its class)."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -163,7 +175,7 @@ def build_lumina(folder: Path, seed: int = 0) -> Path:
     write_vqgan(folder, seed=seed)
     config = ChameleonConfig(
         vocab_size=LUMINA_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+        num_attention_heads=LUMINA_HEADS, num_key_value_heads=LUMINA_HEADS, max_position_embeddings=512,
         bos_token_id=0, pad_token_id=1, eos_token_id=2, vocabulary_map=vocab,
         vq_config={"embed_dim": 4, "num_embeddings": LUMINA_CODES, "latent_channels": 8, "resolution": 64,
                    "base_channels": 32, "channel_multiplier": [1, 2], "num_res_blocks": 1,
@@ -172,7 +184,59 @@ def build_lumina(folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = ChameleonForConditionalGeneration(config).eval()
     _peaked(model.lm_head.weight, model.model.embed_tokens.weight, head_scale=60.0)
-    model.save_pretrained(folder)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                heads, head_dim = norm.weight.shape
+                norm.weight.copy_((1 + 0.3 * torch.randn(1, head_dim, generator=gen)).expand(heads, -1))
+                norm.bias.copy_((0.2 * torch.randn(1, head_dim, generator=gen)).expand(heads, -1))
+    return model
+
+
+def build_lumina_transformers(folder: Path, seed: int = 0) -> Path:
+    """Lumina-mGPT in transformers' layout (ChameleonForConditionalGeneration.save_pretrained)."""
+    _lumina_model(folder, seed).save_pretrained(folder)
+    return folder
+
+
+def build_lumina(folder: Path, seed: int = 0) -> Path:
+    """Lumina-mGPT in its own layout, as Alpha-VLLM/Lumina-mGPT-7B-* publish it (see module doc)."""
+    from safetensors.torch import save_file
+
+    model = _lumina_model(folder, seed)
+    state = {}
+    for key, value in model.state_dict().items():
+        if key.startswith("model.vqmodel."):
+            continue  # Lumina-mGPT's trainer deletes the VQ model before saving
+        if key.endswith(("self_attn.q_norm.weight", "self_attn.q_norm.bias", "self_attn.k_norm.weight",
+                         "self_attn.k_norm.bias")):
+            value = value[:1]  # [model_parallel_size = 1, head_dim]
+        state[key] = value.detach().clone().contiguous()
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config
+    vq = dict(TINY_VQGAN, **TINY_VQGAN["ddconfig"])  # the converter: yaml params + ddconfig, old names kept
+    vq.pop("ddconfig")
+    for old, new in (("ch", "base_channels"), ("out_ch", "out_channels"), ("n_embed", "num_embeddings"),
+                     ("ch_mult", "channel_multiplier"), ("double_z", "double_latent"),
+                     ("z_channels", "latent_channels")):
+        vq[new] = vq[old]
+    config = {
+        "architectures": ["ChameleonXLLMXForConditionalGeneration"], "model_type": "chameleon",
+        "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 0, "dropout": 0.05,
+        "eos_token_id": 2, "hidden_act": "silu", "hidden_size": cfg.hidden_size, "initializer_range": 0.02,
+        "intermediate_size": cfg.intermediate_size, "mask_image_logits": False,
+        "max_position_embeddings": cfg.max_position_embeddings, "mlp_bias": False, "model_parallel_size": 1,
+        "num_attention_heads": cfg.num_attention_heads, "num_hidden_layers": cfg.num_hidden_layers,
+        "num_key_value_heads": cfg.num_key_value_heads, "pad_token_id": 1, "qk_layernorm": True,
+        "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0, "swin_norm": False,
+        "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.44.0",
+        "use_cache": True, "vocab_size": LUMINA_VOCAB, "vq_config": vq, "z_loss_weight": 1e-05,
+        "vocabulary_map": cfg.vocabulary_map,
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 1, "transformers_version": "4.44.0"}))
     return folder
 
 
@@ -203,7 +267,8 @@ def build_emu3(folder: Path, image_area: int = 48 * 48, seed: int = 0) -> Path:
         extra_special_tokens={"image_token": "<image>", "boi_token": "<|image start|>", "eoi_token": "<|image end|>",
                               "image_wrapper_token": "<|image token|>", "eof_token": "<|extra_201|>"},
     )
-    Emu3Processor(Emu3ImageProcessor(), tokenizer).save_pretrained(folder)
+    image_processor = Emu3ImageProcessor(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])  # as BAAI's repo
+    Emu3Processor(image_processor, tokenizer).save_pretrained(folder)
     config = Emu3Config(
         vq_config={"codebook_size": EMU3_CODES, "embed_dim": 4, "latent_channels": 4, "base_channels": 32,
                    "channel_multiplier": [1, 1, 1, 1], "num_res_blocks": 1, "attn_resolutions": [],
@@ -252,7 +317,9 @@ def build_janus(folder: Path, grid: int = 6, seed: int = 0) -> Path:
                               "eoi_token": "<end_of_image>"},
     )
     pixels = grid * 16
-    processor = JanusProcessor(JanusImageProcessor(size={"height": pixels, "width": pixels}), tokenizer,
+    image_processor = JanusImageProcessor(size={"height": pixels, "width": pixels},  # mean/std as DeepSeek's repo
+                                          image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    processor = JanusProcessor(image_processor, tokenizer,
                                chat_template=JANUS_CHAT_TEMPLATE, num_image_tokens=grid * grid)
     processor.save_pretrained(folder)
     config = JanusConfig(
@@ -281,6 +348,8 @@ def build_janus(folder: Path, grid: int = 6, seed: int = 0) -> Path:
 
 
 BUILDERS = {"lumina_mgpt": build_lumina, "emu3": build_emu3, "janus": build_janus}
+# Every on-disk layout load_model must read (Lumina-mGPT in both of its layouts).
+LAYOUT_BUILDERS = {**BUILDERS, "lumina_mgpt_transformers": build_lumina_transformers}
 
 
 def describe(folder: Path) -> str:

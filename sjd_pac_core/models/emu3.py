@@ -23,13 +23,13 @@ from PIL import Image
 from transformers import Emu3ForConditionalGeneration, Emu3Processor
 
 from .adapters import ImageHeadAdapter
-from .hf_common import free_model, load_pretrained, pixels_to_pil, preview_image, require_any, short
+from .hf_common import free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .loader import ModelLoadError, require_safetensors
 
 REPO_HINT = "BAAI/Emu3-Gen-hf"
 DEFAULT_IMAGE_AREA = 720 * 720
-RATIOS = ("1:1", "4:3", "3:4", "16:9", "9:16")
+RATIOS = ("1:1", "4:3", "3:4", "16:9", "9:16")  # their sizes at the default area: sizes.EMU3_RESOLUTIONS
 # Emu3's reference negative prompt (BAAI/Emu3-Gen image_generation.py).
 DEFAULT_NEGATIVE_PROMPT = (
     "lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
@@ -137,6 +137,8 @@ class Emu3ImageModel(ARImageModel):
         if resolution is not None:
             return self.check_resolution(resolution)
         matches = [r for r in self.sizes if self.layout(r).num_tokens == tokens.shape[-1]]
+        if self._last_resolution in matches:  # what encode_prompt last set up
+            return self._last_resolution
         if self.defaults.resolution in matches:  # e.g. 90x91 and 91x90 have equal lengths
             return self.defaults.resolution
         if len(matches) != 1:
@@ -151,7 +153,7 @@ class Emu3ImageModel(ARImageModel):
         bpe = self.token_space[tokens.clamp(0, len(self.token_space) - 1)]
         device = self.model.model.vqmodel.quantize.embedding.weight.device
         pixels = self.model.decode_image_tokens(image_tokens=bpe.to(device), height=size.rows, width=size.cols)
-        return pixels_to_pil(pixels)
+        return postprocess_to_pil(self.processor, pixels)
 
     def preview(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> Optional[Image.Image]:
         resolution = self.check_resolution(resolution or self._last_resolution)

@@ -14,11 +14,25 @@ from .loader import ModelLoadError, check_loading_info
 
 
 def pixels_to_pil(pixels: torch.Tensor, channels_last: bool = False) -> List[Image.Image]:
-    """Float images in about [-1, 1] ([B, 3, H, W], or [B, H, W, 3]) -> PIL images (clamped first)."""
+    """Float images in about [-1, 1] ([B, 3, H, W], or [B, H, W, 3]) -> PIL images.
+
+    Clamped, mapped to [0, 1], times 255 and truncated to uint8, in float32: bit for bit Meta's
+    Chameleon VQGAN code (and what transformers' postprocess and DeepSeek's Janus code do).
+    """
     if not channels_last:
         pixels = pixels.permute(0, 2, 3, 1)
-    arrays = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().numpy()
+    unit = (pixels.detach().float().cpu().clamp(-1.0, 1.0) + 1.0) / 2.0
+    arrays = (unit * 255.0).to(torch.uint8).numpy()  # float -> uint8 truncates, like numpy's astype
     return [Image.fromarray(np.ascontiguousarray(a)) for a in arrays]
+
+
+def postprocess_to_pil(processor, pixels: torch.Tensor) -> List[Image.Image]:
+    """Decoder output -> PIL images through the checkpoint's own image processor (`postprocess`):
+    its mean/std from the processor config, rescale, clip and uint8 truncation, exactly as
+    transformers' image generation examples convert them."""
+    out = processor.postprocess(list(pixels.detach().float().cpu()), return_tensors="PIL.Image.Image")
+    images = out["pixel_values"]
+    return [images] if isinstance(images, Image.Image) else list(images)
 
 
 def short(exc: BaseException, limit: int = 200) -> str:

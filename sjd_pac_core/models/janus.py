@@ -20,7 +20,7 @@ from PIL import Image
 from transformers import JanusForConditionalGeneration, JanusProcessor
 
 from .adapters import GenerationHeadAdapter
-from .hf_common import free_model, load_pretrained, pixels_to_pil, preview_image, require_any, short
+from .hf_common import free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .loader import ModelLoadError, require_safetensors
 
@@ -110,7 +110,9 @@ class JanusImageModel(ARImageModel):
     def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
         codes = tokens.reshape(-1, self.layout.num_tokens).clamp(0, self.num_codes - 1)
         device = self.model.model.vqmodel.quantize.embedding.weight.device
-        return pixels_to_pil(self.model.decode_image_tokens(codes.to(device)), channels_last=True)
+        pixels = self.model.decode_image_tokens(codes.to(device))  # [B, H, W, 3]
+        # Channels first: the processor's PIL backend (used without torchvision) misreads channels-last input.
+        return postprocess_to_pil(self.processor, pixels.permute(0, 3, 1, 2))
 
     def preview(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> Optional[Image.Image]:
         return preview_image(self.decode, self.layout, tokens, self.resolution)

@@ -1,10 +1,18 @@
 """Lumina-mGPT (Alpha-VLLM/Lumina-mGPT-7B-512/768/1024): Chameleon weights + Meta's VQGAN.
 
 Sequence (Lumina-mGPT's FlexARItemProcessor and inference_solver):
-    <s> "Generate an image of 768x768 according to the following prompt:\\n{prompt}" <reserved08706>
+    <s> "Generate an image of {W}x{H} according to the following prompt:\\n{prompt}" <reserved08706>
     <racm3:break> <reserved08800+H/32> <reserved08800+W/32>      <- prompt (forced, so fed, not sampled)
     (W/16 image tokens, <reserved08799> end-of-line) x H/16  <eoss>   <- sampled (EOL and <eoss> forced)
 The unconditional stream for CFG is the image part alone: <racm3:break> h w, then the same tokens.
+Lumina-mGPT's own sampler samples <racm3:break> h w as well; a trained model emits them with near
+certainty after this prompt, and the reference applies guidance and constraints only after them.
+
+Sizes: each checkpoint is trained at one pixel area (its target size squared: 512, 768 or 1024)
+on every width x height of whole 32-px patches the reference's crop-size rule lists (aspect
+ratio up to 4). Weight layout: Lumina-mGPT's converter stores the q/k LayerNorm weights as
+[model_parallel_size, head_dim] rows that its class repeats over the heads; they are expanded to
+transformers' [num_heads, head_dim] while loading (`LuminaLayoutChameleon`).
 
 Token ids come from the checkpoint's `vocabulary_map` (config.json) by name, never hard-coded; the
 image codes are the `IMGIMG...` names (digits spelled with A-J), exactly as transformers and
@@ -14,12 +22,15 @@ id c is VQ code c) plus end-of-line and end-of-image.
 
 from __future__ import annotations
 
+import json
 import re
+import struct
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import torch
 from PIL import Image
+from torch import nn
 from transformers import ChameleonForConditionalGeneration
 
 from .adapters import ImageHeadAdapter
@@ -27,12 +38,13 @@ from .chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, VQGANLoadError,
 from .hf_common import free_model, load_pretrained, pixels_to_pil, preview_image, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .loader import ModelLoadError, require_safetensors
+from .sizes import PIXELS_PER_GRID, trained_sizes
 
 REPO_HINT = "Alpha-VLLM/Lumina-mGPT-7B-768 (or -512 / -1024)"
-# Square sizes Lumina-mGPT checkpoints are trained for; a checkpoint's own size (from its folder
-# name, e.g. lumina-mgpt-7b-768) comes first and is the default.
+# Target sizes of the Lumina-mGPT checkpoints (the side of the square whose area every trained
+# size shares); a checkpoint's own (from its folder name, e.g. lumina-mgpt-7b-768) comes first.
 LUMINA_SIZES: Tuple[int, ...] = (768, 512, 1024)
-PROMPT_TEMPLATE = "Generate an image of {size}x{size} according to the following prompt:\n{prompt}"
+PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{prompt}"
 # Where the Chameleon tokenizer files may sit, relative to the model folder.
 VQGAN_DIRS = (".", "chameleon", "tokenizer", "chameleon/tokenizer", "ckpts/chameleon/tokenizer")
 VQGAN_FIX = (
@@ -41,8 +53,7 @@ VQGAN_FIX = (
 )
 
 BOS, IMAGE_START, IMAGE_END, END_OF_LINE, END_OF_TURN = "<s>", "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
-# Lumina-mGPT's size tokens: <reserved{8800 + n:05d}> for n grids of 32 pixels (= 2 codes).
-PIXELS_PER_GRID = 32
+# Lumina-mGPT's size tokens: <reserved{8800 + n:05d}> for n grids of PIXELS_PER_GRID = 32 pixels (= 2 codes).
 
 
 def grid_token_name(n_grids: int) -> str:
@@ -52,6 +63,66 @@ def grid_token_name(n_grids: int) -> str:
 def image_code_of(name: str) -> int:
     """'IMGIMG' + the code's digits spelled with A-J + one final character -> the code."""
     return int("".join(str(ord(c) - ord("A")) for c in name[len("IMGIMG") : -1]))
+
+
+def parse_size(resolution: str) -> Tuple[int, int]:
+    """"WxH" -> (width, height)."""
+    width, height = resolution.split("x")
+    return int(width), int(height)
+
+
+def qk_norm_rows(folder: Path) -> Optional[int]:
+    """Rows of layer 0's q_norm weight, read from the safetensors headers (no weights read)."""
+    key = "model.layers.0.self_attn.q_norm.weight"
+    index = folder / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            files = [folder / json.loads(index.read_text())["weight_map"][key]]
+        else:
+            files = sorted(folder.glob("*.safetensors"))
+        for path in files:
+            with open(path, "rb") as f:
+                (header_len,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(header_len))
+            if key in header:
+                return int(header[key]["shape"][0])
+    except (OSError, KeyError, ValueError, struct.error):
+        return None  # unreadable files are reported by the loader's own checks
+    return None
+
+
+class LuminaLayoutChameleon(ChameleonForConditionalGeneration):
+    """transformers' Chameleon that accepts Lumina-mGPT's q/k LayerNorm layout.
+
+    Lumina-mGPT's converter writes q_norm/k_norm weights and biases as [rows, head_dim] with
+    rows = model_parallel_size ([1, 128] for the 7B models); its class repeats each row over
+    heads/rows heads. The parameters are created with that shape so `from_pretrained` loads the
+    file as it is, then `expand_qk_norms` repeats the rows to transformers' [heads, head_dim].
+    """
+
+    qk_rows = 1  # set on a subclass per checkpoint (see `with_qk_rows`)
+    # Lumina-mGPT's trainer deletes the VQ model before saving, and sampling never uses it.
+    _keys_to_ignore_on_load_missing = [r"^model\.vqmodel\."]
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        for layer in self.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight = nn.Parameter(norm.weight.data[: self.qk_rows].clone())
+                norm.bias = nn.Parameter(norm.bias.data[: self.qk_rows].clone())
+
+    @classmethod
+    def with_qk_rows(cls, rows: int) -> type:
+        return type(cls.__name__, (cls,), {"qk_rows": rows})
+
+    def expand_qk_norms(self) -> None:
+        for layer in self.model.layers:
+            attn = layer.self_attn
+            for norm, heads in ((attn.q_norm, attn.num_heads), (attn.k_norm, self.config.num_key_value_heads)):
+                repeats = heads // norm.weight.shape[0]
+                with torch.no_grad():
+                    norm.weight = nn.Parameter(norm.weight.repeat_interleave(repeats, 0), requires_grad=False)
+                    norm.bias = nn.Parameter(norm.bias.repeat_interleave(repeats, 0), requires_grad=False)
 
 
 def find_vqgan_dir(folder: Path) -> Optional[Path]:
@@ -74,7 +145,7 @@ def _default_sizes(folder: Path) -> Tuple[int, ...]:
 class LuminaVocabulary:
     """The ids the sequence needs, looked up by name in the checkpoint's vocabulary_map."""
 
-    def __init__(self, vocabulary_map: Dict[str, int], num_codes: int, sizes: Tuple[int, ...]) -> None:
+    def __init__(self, vocabulary_map: Dict[str, int], num_codes: int, sizes: Tuple[Tuple[int, int], ...]) -> None:
         def need(name: str) -> int:
             if name not in vocabulary_map:
                 raise ModelLoadError(
@@ -85,7 +156,9 @@ class LuminaVocabulary:
 
         self.bos, self.image_start, self.image_end = need(BOS), need(IMAGE_START), need(IMAGE_END)
         self.end_of_line, self.end_of_turn = need(END_OF_LINE), need(END_OF_TURN)
-        self.size_tokens = {s: need(grid_token_name(s // PIXELS_PER_GRID)) for s in sizes}
+        # Size tokens for every side length of the trained sizes, in 32-px grids.
+        grids = {side // PIXELS_PER_GRID for s in sizes for side in s}
+        self.size_tokens = {n: need(grid_token_name(n)) for n in sorted(grids)}
         try:
             codes = {image_code_of(n): int(i) for n, i in vocabulary_map.items() if n.startswith("IMGIMG")}
         except ValueError:
@@ -113,7 +186,7 @@ class LuminaMGPTImageModel(ARImageModel):
         vqgan: ChameleonVQGANDecoder,
         text_tokenizer,
         vocab: LuminaVocabulary,
-        sizes: Tuple[int, ...],
+        sizes: Tuple[Tuple[int, int], ...],
     ) -> None:
         self.model = model
         self.vqgan = vqgan
@@ -123,7 +196,7 @@ class LuminaMGPTImageModel(ARImageModel):
         # Reference settings (Lumina-mGPT inference_solver): CFG 3.0 (its README uses 4.0), image
         # top-k 2000, temperature 1.0.
         self.defaults = FamilyDefaults(
-            resolutions=tuple(f"{s}x{s}" for s in sizes), cfg_scale=3.0, temperature=1.0, top_k=2000
+            resolutions=tuple(f"{w}x{h}" for w, h in sizes), cfg_scale=3.0, temperature=1.0, top_k=2000
         )
         self.token_model = ImageHeadAdapter(model, model.model, vocab.token_space)
         self._layouts: Dict[str, ImageLayout] = {}
@@ -161,7 +234,7 @@ class LuminaMGPTImageModel(ARImageModel):
             vq_config = VQGANConfig.from_yaml(vq_dir / "vqgan.yaml")
         except VQGANLoadError as exc:
             raise ModelLoadError(str(exc)) from None
-        sizes = _default_sizes(folder)
+        sizes = trained_sizes(_default_sizes(folder)[0])
         vocab = LuminaVocabulary(vocabulary_map, vq_config.n_embed, sizes)
         try:
             text_tokenizer = Tokenizer.from_file(str(tokenizer_file))
@@ -177,29 +250,47 @@ class LuminaMGPTImageModel(ARImageModel):
             vqgan = load_chameleon_vqgan(vq_dir / "vqgan.yaml", vq_dir / "vqgan.ckpt", device)
         except VQGANLoadError as exc:
             raise ModelLoadError(str(exc)) from None
-        model = load_pretrained(ChameleonForConditionalGeneration, folder, dtype, device, device_map)
+        model = cls.load_chameleon(folder, config, dtype, device, device_map)
         return cls(model, vqgan, text_tokenizer, vocab, sizes)
 
-    # --- prompts ------------------------------------------------------------------------------
-    def _size(self, resolution: str) -> int:
-        return int(resolution.split("x")[0])
+    @staticmethod
+    def load_chameleon(
+        folder: Path, config: dict, dtype: torch.dtype, device: torch.device, device_map: Optional[str]
+    ) -> ChameleonForConditionalGeneration:
+        """The weights in either layout: transformers' ([heads, head_dim] q/k norms) or Lumina-mGPT's
+        own ([model_parallel_size, head_dim], expanded over the heads here)."""
+        rows = qk_norm_rows(folder)
+        heads = int(config.get("num_attention_heads", 0) or 0)
+        kv_heads = int(config.get("num_key_value_heads", heads) or heads)
+        rows = heads if rows is None else rows
+        if rows <= 0 or heads % rows or kv_heads % rows:
+            raise ModelLoadError(
+                f"The q/k LayerNorm weights in {folder} have {rows} rows, which divides neither "
+                f"{heads} attention heads nor {kv_heads} key/value heads; download the checkpoint of {REPO_HINT} again."
+            )
+        model = load_pretrained(LuminaLayoutChameleon.with_qk_rows(rows), folder, dtype, device, device_map)
+        model.expand_qk_norms()
+        return model
 
+    # --- prompts ------------------------------------------------------------------------------
     def layout(self, resolution: str) -> ImageLayout:
         if resolution not in self._layouts:
-            side = self._size(resolution) // (PIXELS_PER_GRID // 2)  # codes per side
+            width, height = parse_size(resolution)
+            codes_px = PIXELS_PER_GRID // 2  # 16 pixels per code
             self._layouts[resolution] = ImageLayout(
-                rows=side, cols=side, row_end=self.vocab.eol_id, tail=(self.vocab.end_id,)
+                rows=height // codes_px, cols=width // codes_px, row_end=self.vocab.eol_id, tail=(self.vocab.end_id,)
             )
         return self._layouts[resolution]
 
     def encode_prompt(self, prompt: str, negative_prompt: str = "", resolution: Optional[str] = None) -> PromptEncoding:
         resolution = self.check_resolution(resolution)
         self._last_resolution = resolution  # what preview() shows when not told
-        size = self._size(resolution)
-        text = PROMPT_TEMPLATE.format(size=size, prompt=prompt.strip())
+        width, height = parse_size(resolution)
+        text = PROMPT_TEMPLATE.format(width=width, height=height, prompt=prompt.strip())
         text_ids = self.text_tokenizer.encode(text, add_special_tokens=False).ids
         v = self.vocab
-        image_start = [v.image_start, v.size_tokens[size], v.size_tokens[size]]
+        # Height first, then width (FlexARItemProcessor).
+        image_start = [v.image_start, v.size_tokens[height // PIXELS_PER_GRID], v.size_tokens[width // PIXELS_PER_GRID]]
         prompt_ids = torch.tensor([v.bos, *text_ids, v.end_of_turn, *image_start], dtype=torch.long)
         warnings: List[str] = []
         if negative_prompt.strip():
@@ -221,10 +312,14 @@ class LuminaMGPTImageModel(ARImageModel):
     def _resolution_of(self, tokens: torch.Tensor, resolution: Optional[str]) -> str:
         if resolution is not None:
             return self.check_resolution(resolution)
-        for res in self.defaults.resolutions:  # the only one whose layout has this many tokens
-            if self.layout(res).num_tokens == tokens.shape[-1]:
-                return res
-        raise ValueError(f"{tokens.shape[-1]} tokens match no Lumina-mGPT resolution; pass resolution=.")
+        matches = [r for r in self.defaults.resolutions if self.layout(r).num_tokens == tokens.shape[-1]]
+        if self._last_resolution in matches:  # what encode_prompt last set up
+            return self._last_resolution
+        if self.defaults.resolution in matches:  # the square default first (e.g. a transposed size has as many tokens)
+            return self.defaults.resolution
+        if len(matches) != 1:
+            raise ValueError(f"{tokens.shape[-1]} tokens do not identify a Lumina-mGPT resolution; pass resolution=.")
+        return matches[0]
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:

@@ -15,6 +15,17 @@ import torch
 _RESIDUAL_EPS = 1e-12
 
 
+def compute_dtype(device: torch.device) -> torch.dtype:
+    """The float type of the sampler's random draws: float64, or float32 where the device has no
+    float64 (Apple MPS). Both are exact: the float32 path uses 23-bit uniforms strictly inside
+    (0, 1), so no Gumbel key is ever infinite; it draws other numbers for a seed than float64."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
+def _tiny(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).tiny
+
+
 def accept_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
     """min(1, p(x) / q(x)) for a draft x drawn from q (q(x) > 0)."""
     return torch.clamp(p_x / q_x, max=1.0)
@@ -94,10 +105,11 @@ def sample_without_replacement(
     """
     if k <= 0:
         return torch.empty(0, dtype=torch.long, device=q.device)
-    logq = torch.log(q).clone()
+    dtype = compute_dtype(q.device)
+    logq = torch.log(q).to(dtype)
     logq[exclude] = float("-inf")
-    u = torch.rand(q.shape, generator=generator, device=q.device, dtype=torch.float64)
-    keys = logq.double() - torch.log(-torch.log(u.clamp(min=1e-300)))
+    u = torch.rand(q.shape, generator=generator, device=q.device, dtype=dtype)
+    keys = logq - torch.log(-torch.log(u.clamp(min=_tiny(dtype))))
     return torch.topk(keys, k).indices
 
 
@@ -130,7 +142,10 @@ def gumbel_noise(seed: int, positions: torch.Tensor, vocab_size: int) -> torch.T
     vocab_key = _mix32(torch.arange(vocab_size, device=device, dtype=torch.long) + 0x632BE5AB)
     bits = _mix32(pos_key.unsqueeze(-1) ^ vocab_key.unsqueeze(0))
     bits = _mix32(bits + pos_key.unsqueeze(-1))
-    u = (bits.double() + 0.5) / 4294967296.0
+    if compute_dtype(device) == torch.float64:
+        u = (bits.double() + 0.5) / 4294967296.0
+    else:  # the top 23 bits: (k + 0.5) / 2^23 is exact in float32 and strictly inside (0, 1)
+        u = ((bits >> 9).float() + 0.5) / 8388608.0
     return (-torch.log(-torch.log(u))).float()
 
 

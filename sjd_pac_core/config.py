@@ -102,6 +102,7 @@ class SamplerConfig:
         return cls(**values)
 
     def validate(self) -> None:
+        coerced_fields(self)  # the types first: a ConfigError naming the field, never a TypeError
         if self.method not in METHODS:
             raise ConfigError(f"Unknown method {self.method!r}; choose one of {', '.join(METHODS)}.")
         if self.verify not in VERIFY_RULES:

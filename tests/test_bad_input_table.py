@@ -131,6 +131,17 @@ def test_refused_before_any_forward_pass(lm, forward_calls, overrides, needle):
     assert forward_calls == []
 
 
+def test_num_tokens_beyond_the_memory_a_run_needs(lm, forward_calls, monkeypatch):
+    import sjd_pac_core.engine.inputs as inputs
+
+    monkeypatch.setattr(inputs, "available_memory", lambda device: 1000)  # bytes: a full device
+    with pytest.raises(sp.ConfigError) as err:
+        sample(lm, num_tokens=100)
+    assert "num_tokens = 100 needs about" in str(err.value) and "ask for fewer tokens" in str(err.value)
+    one_sentence(str(err.value))
+    assert forward_calls == []
+
+
 def test_the_forward_counter_counts(lm, forward_calls):
     sample(lm)  # the control: a valid call runs forward passes, and the counter sees them
     assert len(forward_calls) >= 2

@@ -187,12 +187,18 @@ def available_memory(device: torch.device) -> Optional[int]:
     the OS can reclaim caches), None when unknown."""
     try:
         if device.type == "cuda":
-            return int(torch.cuda.mem_get_info(device)[0])
+            # Free on the device plus what PyTorch's allocator holds cached but unused.
+            cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            return int(torch.cuda.mem_get_info(device)[0]) + int(cached)
         if device.type == "cpu":
             return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (AttributeError, ValueError, OSError, RuntimeError):
         return None
     return None
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:,.1f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:,.2f} MiB"
 
 
 def check_run_fits(
@@ -215,6 +221,6 @@ def check_run_fits(
     free = available_memory(token_model.device)
     if free is not None and need > free:
         raise ConfigError(
-            f"num_tokens = {num_tokens:,} needs about {need / 2**30:,.1f} GiB for the cache, but only "
-            f"{free / 2**30:,.1f} GiB are free on {token_model.device}; ask for fewer tokens."
+            f"num_tokens = {num_tokens:,} needs about {_size(need)} for the cache, but only "
+            f"{_size(free)} are free on {token_model.device}; ask for fewer tokens."
         )

@@ -303,28 +303,42 @@ FINITE_CHECK_DEFAULT_LIMIT = 2_000_000_000
 
 
 def _torch_modules(obj: object, depth: int = 2) -> List[torch.nn.Module]:
-    """The torch modules an image model holds, directly or one object deep (adapters, wrappers)."""
+    """The torch modules an image model holds, directly or one object deep (adapters, wrappers),
+    without the ones that are part of another (an adapter's body inside its model)."""
     found: List[torch.nn.Module] = []
     for value in vars(obj).values() if hasattr(obj, "__dict__") else ():
         if isinstance(value, torch.nn.Module):
             found.append(value)
         elif depth > 1 and hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, type)):
             found.extend(_torch_modules(value, depth - 1))
-    unique = {id(m): m for m in found}
-    return list(unique.values())
+    unique = list({id(m): m for m in found}.values())
+    inner = {id(sub) for m in unique for sub in m.modules() if sub is not m}
+    return [m for m in unique if id(m) not in inner]
+
+
+_FINITE_CHUNK = 1 << 26  # elements per isfinite call: bounds the temporary bool tensor to 64 MB
+
+
+def _all_finite(t: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor on t's device (no host sync)."""
+    chunks = t.detach().reshape(-1).split(_FINITE_CHUNK)
+    return torch.stack([torch.isfinite(c).all() for c in chunks]).all()
 
 
 def first_non_finite(modules: List[torch.nn.Module]) -> Optional[Tuple[torch.nn.Module, str]]:
     """The module and name of the first floating-point parameter or buffer holding NaN or inf,
-    else None. One host sync per module (not per weight); offloaded (meta) weights are skipped."""
+    else None. One host sync per module and device (not per weight); offloaded (meta) weights
+    are skipped."""
     for module in modules:
         named = [(n, t) for n, t in list(module.named_parameters()) + list(module.named_buffers())
                  if t.is_floating_point() and t.device.type != "meta" and t.numel() > 0]
-        if not named:
-            continue
-        flags = torch.stack([torch.isfinite(t).all().to("cpu") for _, t in named])
-        if not bool(flags.all()):
-            return module, named[int((~flags).nonzero()[0, 0])][0]
+        by_device: Dict[torch.device, List[int]] = {}
+        for i, (_, t) in enumerate(named):
+            by_device.setdefault(t.device, []).append(i)
+        for rows in by_device.values():
+            flags = torch.stack([_all_finite(named[i][1]) for i in rows]).cpu()
+            if not bool(flags.all()):
+                return module, named[rows[int((~flags).nonzero()[0, 0])]][0]
     return None
 
 

@@ -437,6 +437,15 @@ def test_bridge_is_a_no_op_headless(bridge):
     bridge.free_memory_for(1 << 20, "cuda")
     assert bridge.install_free_memory_hook(lambda *a: None) is False
     assert bridge.choose_device("cpu") == "cpu" and bridge.choose_device("auto") == "auto"
+    assert bridge.order_workflow_templates("sjd-pac") is False
+
+
+def test_template_listing_sorts_only_our_pack(bridge):
+    listing = {"sjd-pac-main": ["4 - b", "1 - a", "2 - c"], "other-pack": ["z", "a"]}
+    out = bridge.sort_template_listing(listing, "sjd-pac-main")
+    assert out == {"sjd-pac-main": ["1 - a", "2 - c", "4 - b"], "other-pack": ["z", "a"]}
+    assert bridge.sort_template_listing({"other-pack": ["z"]}, "sjd-pac") == {"other-pack": ["z"]}
+    assert sorted(p.stem for p in (REPO / "workflows").glob("*.json"))[0].startswith("1 - Demo")
 
 
 @pytest.fixture

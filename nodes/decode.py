@@ -23,6 +23,20 @@ def pil_to_image(images: List[Image.Image]) -> torch.Tensor:
     return torch.from_numpy(np.stack(arrays))
 
 
+UPSCALE_INPUTS = {
+    "upscale_to": ("INT", {
+        "default": DEFAULT_UPSCALE_TO, "min": 0, "max": MAX_UPSCALE_TO, "step": 64,
+        "tooltip": "Upscale by a whole factor until the long side is at least this many pixels; 0 = the "
+                   "model's own size. The demo's 64x64 becomes 512x512; images of the large models "
+                   "(384-768 px) are upscaled only if you ask for more.",
+    }),
+    "upscale_method": (list(UPSCALE_FILTERS), {
+        "default": "nearest",
+        "tooltip": "nearest keeps the token grid's sharp pixels; lanczos smooths them.",
+    }),
+}
+
+
 def upscale_to_long_side(images: List[Image.Image], min_long_side: int, method: str) -> List[Image.Image]:
     """Scale by the smallest whole factor that makes the long side at least `min_long_side` (0 = off)."""
     if min_long_side <= 0 or not images:
@@ -52,16 +66,7 @@ class DecodeARImageTokens:
                 "tokens": (AR_IMAGE_TOKENS, {
                     "tooltip": "Image tokens from SJD-PAC Sampler (they remember which model made them).",
                 }),
-                "upscale_to": ("INT", {
-                    "default": DEFAULT_UPSCALE_TO, "min": 0, "max": MAX_UPSCALE_TO, "step": 64,
-                    "tooltip": "Upscale by a whole factor until the long side is at least this many pixels; "
-                               "0 = the model's own size. The demo's 64x64 becomes 512x512; images of the "
-                               "large models (384-768 px) are upscaled only if you ask for more.",
-                }),
-                "upscale_method": (list(UPSCALE_FILTERS), {
-                    "default": "nearest",
-                    "tooltip": "nearest keeps the token grid's sharp pixels; lanczos smooths them.",
-                }),
+                **UPSCALE_INPUTS,
             }
         }
 

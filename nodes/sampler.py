@@ -17,6 +17,7 @@ from sjd_pac_core.threads import threads_for, torch_threads
 
 from . import comfy_bridge, speedup
 from .datatypes import AR_IMAGE_MODEL, AR_IMAGE_TOKENS, SJD_STATS, ARImageTokens, ModelHandle, SJDStats
+from .decode import DEFAULT_UPSCALE_TO, UPSCALE_INPUTS, tokens_to_image
 
 log = logging.getLogger("sjd_pac.nodes")
 
@@ -385,14 +386,15 @@ class SJDPACTextToImage:
                 "prompt": PROMPT_INPUT,
                 "seed": SEED_INPUT,
                 "method": KNOBS["method"],
+                "upscale_to": UPSCALE_INPUTS["upscale_to"],
+                "upscale_method": UPSCALE_INPUTS["upscale_method"],
             },
             "hidden": {"unique_id": "UNIQUE_ID", "extra_pnginfo": "EXTRA_PNGINFO"},
         }
 
     def generate(self, model: ModelHandle, prompt: str, seed: int, method: str,
+                 upscale_to: int = DEFAULT_UPSCALE_TO, upscale_method: str = "nearest",
                  unique_id: Optional[str] = None, extra_pnginfo: Any = None) -> Tuple[torch.Tensor, SJDStats]:
-        from .decode import tokens_to_image
-
         config = config_from_settings(model.get().defaults, method=method)
         tokens, stats = run_sampler(model, prompt, "", "default", seed, config, 1, unique_id, extra_pnginfo)
-        return tokens_to_image(tokens), stats
+        return tokens_to_image(tokens, upscale_to, upscale_method), stats

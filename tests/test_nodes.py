@@ -226,7 +226,8 @@ def test_speedup_against_an_ar_run_of_the_same_job(pack, bridge, handle):
 
 def test_text_to_image_node(pack, bridge, handle):
     image, stats = pack.NODE_CLASS_MAPPINGS["SJDPACTextToImage"]().generate(handle, "a blue square", 5, "sjd")
-    assert image.shape == (1, 64, 64, 3) and image.dtype == torch.float32 and stats.method == "sjd"
+    assert image.shape == (1, 512, 512, 3) and image.dtype == torch.float32 and stats.method == "sjd"
+    assert stats.config == handle.get().defaults.sampler_config(method="sjd")  # the model's settings
 
 
 def test_resolution_is_checked_against_the_model_at_run_time(pack, bridge, handle):

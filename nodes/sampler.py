@@ -12,7 +12,7 @@ import torch
 import sjd_pac_core as sp
 from sjd_pac_core import ConfigError, Progress, SamplerConfig
 from sjd_pac_core.config import MAX_TREE_NODES, MAX_WINDOW, METHODS, VERIFY_RULES, max_tree_depth, tree_node_count
-from sjd_pac_core.settings import config_from_settings, pointless_setting_warnings
+from sjd_pac_core.settings import config_from_settings, pointless_setting_warnings, run_record
 from sjd_pac_core.threads import threads_for, torch_threads
 
 from . import comfy_bridge, speedup
@@ -186,14 +186,8 @@ def validate_knobs(**values: Any) -> Any:
 def run_settings(config: SamplerConfig, handle: ModelHandle, prompt: str, negative_prompt: str,
                  resolution: str, seed: int, batch_size: int) -> Dict[str, Any]:
     """Everything needed to reproduce a run, for the saved PNG's metadata (all plain JSON)."""
-    return {
-        "model": handle.name, "family": handle.family, "prompt": prompt, "negative_prompt": negative_prompt,
-        "resolution": resolution, "seed": int(seed), "batch_size": int(batch_size),
-        "method": config.method, "window": config.window, "tree_depth": config.tree_depth,
-        "tree_width": config.tree_width, "adaptive_continuation": config.adaptive_continuation,
-        "proactive_drafting": config.proactive_drafting, "verify": config.verify,
-        "cfg": config.cfg_scale, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
-    }
+    return run_record(config, prompt=prompt, seed=seed, negative_prompt=negative_prompt, resolution=resolution,
+                      model=handle.name, family=handle.family, batch_size=batch_size)
 
 
 def record_in_pnginfo(extra_pnginfo: Any, node_id: Optional[str], settings: Dict[str, Any]) -> None:

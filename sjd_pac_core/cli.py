@@ -144,6 +144,23 @@ def validate_generate_args(args: argparse.Namespace) -> None:
     args.output = str(check_image_path(args.output))
 
 
+PNG_SETTINGS_KEY = "sjd_pac"  # the same text chunk the ComfyUI nodes write
+
+
+def save_with_settings(image, path: Path, record: dict) -> None:
+    """Save `image`; a PNG also carries the run's settings (prompt, seed, every knob) as JSON text."""
+    if path.suffix.lower() == ".png":
+        import json
+
+        from PIL.PngImagePlugin import PngInfo
+
+        info = PngInfo()
+        info.add_text(PNG_SETTINGS_KEY, json.dumps(record))
+        image.save(path, pnginfo=info)
+    else:
+        image.save(path)
+
+
 def _output_paths(out: Path, count: int) -> List[Path]:
     return [out] if count == 1 else [out.with_name(f"{out.stem}_{i}{out.suffix}") for i in range(count)]
 
@@ -153,7 +170,7 @@ def _generate(args) -> int:
     from tqdm import tqdm
 
     from .images import upscale
-    from .settings import pointless_setting_warnings, settings_line
+    from .settings import pointless_setting_warnings, run_record, settings_line
     from .threads import threads_for, torch_threads
 
     model = sp.load_model(args.model, dtype=args.dtype, device=args.device)
@@ -177,8 +194,10 @@ def _generate(args) -> int:
                                    callback=on_pass, batch_size=args.batch_size)
     bar.close()
     paths = _output_paths(Path(args.output), len(result.images))
-    for image, path in zip(result.images, paths):
-        upscale(image, args.upscale, args.upscale_filter).save(path)
+    for i, (image, path) in enumerate(zip(result.images, paths)):
+        record = run_record(config, prompt=args.prompt, seed=args.seed + i, negative_prompt=args.negative_prompt,
+                            resolution=result.encoding.resolution, model=args.model, family=model.family)
+        save_with_settings(upscale(image, args.upscale, args.upscale_filter), path, record)
     print(f"settings: {settings_line(config, threads_used if model.device.type == 'cpu' else None)}; "
           f"seed {args.seed}")
     for stats in result.all_stats:

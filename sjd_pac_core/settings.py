@@ -162,3 +162,17 @@ def settings_line(config: SamplerConfig, threads: Optional[int] = None) -> str:
     if threads is not None:
         parts.append(f"{threads} CPU thread{'s' if threads != 1 else ''}")
     return ", ".join(parts)
+
+
+def run_record(config: SamplerConfig, *, prompt: str, seed: int, negative_prompt: str = "",
+               resolution: Optional[str] = None, model: str = "", family: str = "",
+               batch_size: int = 1) -> dict:
+    """Everything needed to reproduce a run, as plain JSON (saved in PNG metadata by the CLI and nodes)."""
+    return {
+        "model": model, "family": family, "prompt": prompt, "negative_prompt": negative_prompt,
+        "resolution": resolution, "seed": int(seed), "batch_size": int(batch_size),
+        "method": config.method, "window": config.window, "tree_depth": config.tree_depth,
+        "tree_width": config.tree_width, "adaptive_continuation": config.adaptive_continuation,
+        "proactive_drafting": config.proactive_drafting, "verify": config.verify,
+        "cfg": config.cfg_scale, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
+    }

@@ -4,6 +4,7 @@ explains a missing Gradio."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -114,7 +115,11 @@ def test_generate_summary_names_the_settings_and_threads(tmp_path, capsys):
                  "1 CPU thread", "seed 1"):
         assert part in settings, settings
     assert "tokens per forward pass" in captured.out
-    assert Image.open(out).size == (512, 512)
+    saved = Image.open(out)
+    assert saved.size == (512, 512)
+    record = json.loads(saved.info["sjd_pac"])  # the run can be reproduced from the file alone
+    assert record["prompt"] == "a red circle on a blue background." and record["seed"] == 1
+    assert record["method"] == "sjd_pac" and record["cfg"] == 2.0 and record["window"] == 32
 
 
 def test_pointless_window_is_warned(capsys, tmp_path):

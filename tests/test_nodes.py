@@ -5,7 +5,6 @@ nodes/comfy_bridge.py, whose hooks are the only seam (tests inject plain callabl
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import re
 import shutil
 import subprocess

@@ -256,10 +256,7 @@ def test_template_order_demo_then_comparison_then_real_families():
 
 
 def test_demo_note_lists_the_known_words():
-    from sjd_pac_core.demo.vocab import DemoVocab  # noqa: F401  (the vocabulary the note describes)
-    import json as _json
-
-    words = _json.loads((REPO / "sjd_pac_core" / "demo" / "weights" / "vocab.json").read_text())
+    words = json.loads((REPO / "sjd_pac_core" / "demo" / "weights" / "vocab.json").read_text())
     words = words["words"] if isinstance(words, dict) else words
     text = " ".join(n["widgets_values"][0] for n in load(WORKFLOWS / DEMO_WF)["nodes"] if n["type"] == "Note")
     content = [w for w in words if len(w) > 3]  # colours, shapes, positions

@@ -18,5 +18,6 @@ from .nodes import comfy_bridge as _comfy_bridge  # noqa: E402
 WEB_DIRECTORY = "./web"
 
 _comfy_bridge.register_model_folder()  # models/autoregressive; a no-op outside ComfyUI
+_comfy_bridge.order_workflow_templates(os.path.basename(_HERE))  # template browser: 1, 2, 3, ...
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]

@@ -17,10 +17,11 @@ NODE_CLASS_MAPPINGS = {
     "SJDPACTextToImage": SJDPACTextToImage,
 }
 
+# Every display name contains "SJD": ComfyUI's node search looks at the class and display names only.
 NODE_DISPLAY_NAME_MAPPINGS = {
-    "LoadARImageModel": "Load AR Image Model",
+    "LoadARImageModel": "Load AR Image Model (SJD-PAC)",
     "SJDPACSampler": "SJD-PAC Sampler",
-    "DecodeARImageTokens": "Decode AR Image Tokens",
+    "DecodeARImageTokens": "Decode AR Image Tokens (SJD-PAC)",
     "SJDStats": "SJD Stats",
     "SJDPACTextToImage": "SJD-PAC Text to Image",
 }

@@ -220,3 +220,50 @@ def send_event(name: str, data: dict) -> None:
     except Exception:
         log.debug("sjd-pac: could not send %s", name, exc_info=True)
 
+
+
+# --- template browser order -----------------------------------------------------------------------
+TEMPLATE_LISTING_PATHS = ("/workflow_templates", "/api/workflow_templates")
+
+
+def sort_template_listing(listing: Any, pack_folder: str) -> Any:
+    """The /workflow_templates answer with this pack's workflow names sorted (others untouched)."""
+    if isinstance(listing, dict) and isinstance(listing.get(pack_folder), list):
+        listing = {**listing, pack_folder: sorted(listing[pack_folder])}
+    return listing
+
+
+def order_workflow_templates(pack_folder: str) -> bool:
+    """Make ComfyUI list this pack's workflows in file-name order (1 - demo, 2 - comparison, ...).
+
+    ComfyUI (0.3.64) lists them in directory order, which the file system decides, and its front
+    end shows them as listed; a small middleware sorts our own entry. Returns whether it is in place.
+    """
+    server = _comfy("server")
+    instance = getattr(getattr(server, "PromptServer", None), "instance", None)
+    app = getattr(instance, "app", None)
+    if app is None or getattr(app, "frozen", True):
+        return False
+    try:
+        import json
+
+        from aiohttp import web
+    except ImportError:
+        return False
+
+    @web.middleware
+    async def sorted_templates(request, handler):
+        response = await handler(request)
+        if request.path in TEMPLATE_LISTING_PATHS and getattr(response, "content_type", "") == "application/json":
+            try:
+                listing = json.loads(response.body)
+            except (TypeError, ValueError):
+                return response
+            return web.json_response(sort_template_listing(listing, pack_folder))
+        return response
+
+    try:
+        app.middlewares.append(sorted_templates)
+    except RuntimeError:  # the app has started: its middlewares are frozen
+        return False
+    return True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -65,6 +65,8 @@ class SJDStats:
     resolution: str
     tokens: torch.Tensor  # long [B, num_tokens], to tell whether two runs gave the same picture
     baseline_key: tuple  # runs with the same key are the same job, whatever the method
+    threads: Optional[int] = None  # CPU threads the forward passes ran with (None: a GPU run)
+    notes: List[str] = field(default_factory=list)  # warnings: unknown words, pointless settings
 
     @property
     def method(self) -> str:

@@ -11,11 +11,14 @@ import torch
 
 import sjd_pac_core as sp
 from sjd_pac_core import ConfigError, Progress, SamplerConfig
-from sjd_pac_core.config import METHODS, VERIFY_RULES
+from sjd_pac_core.config import MAX_TREE_NODES, MAX_WINDOW, METHODS, VERIFY_RULES, max_tree_depth, tree_node_count
 from sjd_pac_core.models.sizes import known_resolutions
+from sjd_pac_core.settings import config_from_settings, pointless_setting_warnings, run_record
+from sjd_pac_core.threads import threads_for, torch_threads
 
 from . import comfy_bridge, speedup
 from .datatypes import AR_IMAGE_MODEL, AR_IMAGE_TOKENS, SJD_STATS, ARImageTokens, ModelHandle, SJDStats
+from .decode import DEFAULT_UPSCALE_TO, UPSCALE_INPUTS, tokens_to_image
 
 log = logging.getLogger("sjd_pac.nodes")
 
@@ -26,51 +29,65 @@ METHOD_CHOICES = ["sjd_pac", "sjd", "ar"]
 VERIFY_CHOICES = ["rejection", "gumbel"]
 SEED_MAX = 2**63 - 1  # batches use seed, seed + 1, ...; torch seeds must stay below 2**64
 PROGRESS_EVENT = "sjd_pac.progress"
+PNGINFO_KEY = "sjd_pac"  # the saved PNG's text chunk with each sampler's settings, keyed by node id
+MODEL_DEFAULT = -1  # a numeric knob at -1 takes the loaded model's recommended value
+
+# Widget ranges for D and K chosen so that no combination exceeds the tree budget: every
+# (D, K) the widgets allow has at most MAX_TREE_NODES nodes (D = 4, K = 5: 155 nodes).
+TREE_DEPTH_MAX = 4
+TREE_WIDTH_MAX = max(k for k in range(1, 65) if tree_node_count(TREE_DEPTH_MAX, k) <= MAX_TREE_NODES)
 
 assert set(METHOD_CHOICES) == set(METHODS) and set(VERIFY_CHOICES) == set(VERIFY_RULES)
 
-# name -> (ComfyUI type, options). One table feeds INPUT_TYPES and VALIDATE_INPUTS.
+_FROM_MODEL = "-1 = the loaded model's recommended value"
+
+# name -> (ComfyUI type, options). One table feeds INPUT_TYPES and validate_knobs.
 KNOBS: Dict[str, Tuple[Any, dict]] = {
     "cfg": ("FLOAT", {
-        "default": 3.0, "min": 0.0, "max": 30.0, "step": 0.1, "round": 0.01,
+        "default": -1.0, "min": -1.0, "max": 30.0, "step": 0.1, "round": 0.01,
         "tooltip": "Classifier-free guidance scale: how strongly the image follows the prompt. 1.0 turns "
-                   "guidance off (half the compute); usual 3-5 (demo 3, Lumina-mGPT 3-4, Emu3 3, Janus-Pro 5).",
+                   f"guidance off (half the compute). {_FROM_MODEL}: demo 2, Lumina-mGPT 3, Emu3 3, Janus-Pro 5.",
     }),
     "temperature": ("FLOAT", {
-        "default": 1.0, "min": 0.01, "max": 5.0, "step": 0.01,
-        "tooltip": "Sampling temperature: below 1 sharper and less varied, above 1 more random. Usual 0.8-1.0. "
-                   "For a reproducible picture use verification 'gumbel', not a low temperature.",
+        "default": -1.0, "min": -1.0, "max": 5.0, "step": 0.01,
+        "tooltip": "Sampling temperature: below 1 sharper and less varied, above 1 more random. "
+                   f"{_FROM_MODEL}: demo 0.8, the others 1.0. For a reproducible picture use verification "
+                   "'gumbel', not a low temperature.",
     }),
     "top_k": ("INT", {
-        "default": 0, "min": 0, "max": 65536, "step": 1,
-        "tooltip": "Keep only the k most likely tokens at each position; 0 = off. Lumina-mGPT uses 2000, "
-                   "Emu3 2048. Lower values make drafts easier to accept but images blander.",
+        "default": -1, "min": -1, "max": 65536, "step": 1,
+        "tooltip": "Keep only the k most likely tokens at each position; 0 = off. "
+                   f"{_FROM_MODEL}: Lumina-mGPT 2000, Emu3 2048, demo and Janus-Pro off.",
     }),
     "top_p": ("FLOAT", {
-        "default": 1.0, "min": 0.01, "max": 1.0, "step": 0.01,
-        "tooltip": "Nucleus sampling: keep the smallest set of tokens whose probability adds up to p; 1.0 = off. "
-                   "Usual 0.9-1.0.",
+        "default": -1.0, "min": -1.0, "max": 1.0, "step": 0.01,
+        "tooltip": "Nucleus sampling: keep the smallest set of tokens whose probability adds up to p; "
+                   f"1.0 = off. {_FROM_MODEL} (off for every supported family).",
     }),
     "method": (METHOD_CHOICES, {
         "default": "sjd_pac",
         "tooltip": "ar: one token per forward pass (the baseline). sjd: Speculative Jacobi Decoding, verifies "
                    "a window of drafts per pass. sjd_pac: SJD with Adaptive Continuation and Proactive "
-                   "Drafting, the fastest. All three are lossless: same distribution of images.",
+                   "Drafting, which needs the fewest forward passes; the speedup on the clock depends on "
+                   "the model and hardware (SJD Stats measures it against an ar run). All three are "
+                   "lossless: same distribution of images.",
     }),
     "window": ("INT", {
-        "default": 32, "min": 1, "max": 512, "step": 1,
-        "tooltip": "Window L: draft tokens verified per forward pass (sjd, sjd_pac). Usual 16-64; larger "
-                   "windows cost more per pass on big models. Ignored by ar.",
+        "default": MODEL_DEFAULT, "min": -1, "max": MAX_WINDOW, "step": 1,
+        "tooltip": "Window L: draft tokens verified per forward pass (sjd, sjd_pac). "
+                   f"{_FROM_MODEL} (demo 32, the others 64); 0 = auto (chosen every pass from measured "
+                   "costs and acceptance). Usual 16-64; L = 1 cannot beat ar. Ignored by ar.",
     }),
     "tree_depth": ("INT", {
-        "default": 3, "min": 1, "max": 8, "step": 1,
+        "default": MODEL_DEFAULT, "min": -1, "max": TREE_DEPTH_MAX, "step": 1,
         "tooltip": "Tree depth D of Proactive Drafting (sjd_pac): the tree branches at the D-1 positions after "
-                   "a rejection. 1 turns the tree off; the paper uses 3.",
+                   "a rejection, so its cost grows as K^(D-1). 1 turns the tree off; "
+                   f"{_FROM_MODEL} (3, as in the paper).",
     }),
     "tree_width": ("INT", {
-        "default": 4, "min": 1, "max": 16, "step": 1,
-        "tooltip": "Tree width K of Proactive Drafting (sjd_pac): at most K candidate tokens per tree level. "
-                   "The paper uses 4; must not exceed top_k.",
+        "default": MODEL_DEFAULT, "min": -1, "max": TREE_WIDTH_MAX, "step": 1,
+        "tooltip": "Tree width K of Proactive Drafting (sjd_pac): at most K candidate tokens per tree level; "
+                   f"the cost grows as K^(D-1). {_FROM_MODEL} (4, as in the paper). Must not exceed top_k.",
     }),
     "verify": (VERIFY_CHOICES, {
         "default": "rejection",
@@ -88,7 +105,9 @@ CONFIG_KNOBS = frozenset(KNOBS) - {"batch_size"}
 MODEL_INPUT = (AR_IMAGE_MODEL, {"tooltip": "The model from Load AR Image Model."})
 PROMPT_INPUT = ("STRING", {
     "multiline": True, "default": "a red circle on a blue background",
-    "tooltip": "What to draw. The demo model knows a few words (colours, shapes, textures, backgrounds).",
+    "tooltip": "What to draw. The demo model knows 32 words: colours, shapes (circle, square, triangle, "
+               "star, diamond, ring), small/large, positions (top, bottom, left, right, center) and "
+               "'on a ... background'.",
 })
 SEED_INPUT = ("INT", {
     "default": 0, "min": 0, "max": SEED_MAX, "control_after_generate": True,
@@ -96,57 +115,89 @@ SEED_INPUT = ("INT", {
 })
 
 
-def _check_knob(name: str, value: Any) -> Optional[str]:
-    """ComfyUI skips its own range check for inputs VALIDATE_INPUTS names, so do it here."""
+def _from_widget(value: Any) -> Any:
+    """A numeric widget value -> a config_from_settings value (None = the model's own)."""
+    return None if value is None or value == MODEL_DEFAULT else value
+
+
+def largest_tree_depth(tree_width: int) -> int:
+    """The largest D the node allows for tree width K (the budget's limit, capped by the widget)."""
+    return min(TREE_DEPTH_MAX, max_tree_depth(max(1, tree_width)))
+
+
+def _check_knob(name: str, value: Any, tree_width: int = 4) -> Optional[str]:
+    """ComfyUI's own min/max/list check, for hosts that call the node without it."""
     kind, opts = KNOBS[name]
     if isinstance(kind, list):
         if value not in kind:
             return f"{name} must be one of {', '.join(kind)}, got {value!r}."
         return None
+    if name == "tree_depth" and value > opts["max"]:
+        return (f"tree_depth (D) = {value} is too deep: the tree's cost grows as K^(D-1); with tree_width "
+                f"K = {tree_width} use D <= {largest_tree_depth(tree_width)}.")
     if "min" in opts and value < opts["min"]:
-        return f"{name} must be at least {opts['min']}, got {value}; the usual value is {opts['default']}."
+        return f"{name} must be at least {opts['min']}, got {value}; {MODEL_DEFAULT} takes the model's value."
     if "max" in opts and value > opts["max"]:
-        return f"{name} must be at most {opts['max']}, got {value}; the usual value is {opts['default']}."
+        return f"{name} must be at most {opts['max']}, got {value}; {MODEL_DEFAULT} takes the model's value."
     return None
 
 
-def check_tree_fits_top_k(method: str, tree_depth: int, tree_width: int, top_k: int) -> None:
+def check_tree_fits_top_k(config: SamplerConfig) -> None:
     """Proactive Drafting draws K distinct candidates, so K must not exceed top-k when both are on."""
-    if method == "sjd_pac" and tree_depth > 1 and top_k and tree_width > top_k:
+    if config.use_pd and config.top_k and config.tree_width > config.top_k:
         raise ConfigError(
-            f"tree_width (K) = {tree_width} is larger than top_k = {top_k}; lower tree_width to at most "
-            f"{top_k} or raise top_k."
+            f"tree_width (K) = {config.tree_width} is larger than top_k = {config.top_k}; lower tree_width to "
+            f"at most {config.top_k} or raise top_k."
         )
 
 
 def make_config(
     method: str, window: int, tree_depth: int, tree_width: int, verify: str,
-    cfg: float, temperature: float, top_k: int, top_p: float,
+    cfg: float, temperature: float, top_k: int, top_p: float, defaults: Optional[sp.FamilyDefaults] = None,
 ) -> SamplerConfig:
-    """Widget values -> SamplerConfig (top_k 0 and top_p 1.0 mean off); raises ConfigError."""
-    check_tree_fits_top_k(method, tree_depth, tree_width, top_k)
-    return SamplerConfig(
-        method=method, window=int(window), tree_depth=int(tree_depth), tree_width=int(tree_width),
-        verify=verify, cfg_scale=float(cfg), temperature=float(temperature),
-        top_k=int(top_k) if top_k else None, top_p=float(top_p) if top_p < 1.0 else None,
+    """Widget values -> SamplerConfig through settings.config_from_settings: -1 takes `defaults`
+    (the loaded model's), window 0 is 'auto', top_k 0 and top_p 1.0 are off; raises ConfigError."""
+    config = config_from_settings(
+        defaults, method=method, verify=verify,
+        window="auto" if window == 0 else _from_widget(window),
+        tree_depth=_from_widget(tree_depth), tree_width=_from_widget(tree_width),
+        cfg_scale=_from_widget(cfg), temperature=_from_widget(temperature),
+        top_k=_from_widget(top_k), top_p=_from_widget(top_p),
     )
+    check_tree_fits_top_k(config)
+    return config
 
 
 def validate_knobs(**values: Any) -> Any:
-    """True, or one sentence naming the fix (ComfyUI shows it before any model work)."""
+    """True, or one sentence naming the fix (for hosts that skip ComfyUI's checks)."""
     given = {k: v for k, v in values.items() if v is not None}  # linked inputs arrive as None
+    width = _from_widget(given.get("tree_width")) or 4
     for name, value in given.items():
-        message = _check_knob(name, value)
+        message = _check_knob(name, value, width)
         if message:
             return message
     try:
         if CONFIG_KNOBS <= set(given):
             make_config(**{k: given[k] for k in CONFIG_KNOBS})
-        elif {"method", "top_k", "tree_depth", "tree_width"} <= set(given):
-            check_tree_fits_top_k(given["method"], given["tree_depth"], given["tree_width"], given["top_k"])
     except ConfigError as exc:
         return str(exc)
     return True
+
+
+def run_settings(config: SamplerConfig, handle: ModelHandle, prompt: str, negative_prompt: str,
+                 resolution: str, seed: int, batch_size: int) -> Dict[str, Any]:
+    """Everything needed to reproduce a run, for the saved PNG's metadata (all plain JSON)."""
+    return run_record(config, prompt=prompt, seed=seed, negative_prompt=negative_prompt, resolution=resolution,
+                      model=handle.name, family=handle.family, batch_size=batch_size)
+
+
+def record_in_pnginfo(extra_pnginfo: Any, node_id: Optional[str], settings: Dict[str, Any]) -> None:
+    """Add this sampler's settings to ComfyUI's extra_pnginfo, which Save Image writes into the PNG."""
+    if isinstance(extra_pnginfo, dict):
+        entry = extra_pnginfo.get(PNGINFO_KEY)
+        if not isinstance(entry, dict):
+            entry = extra_pnginfo[PNGINFO_KEY] = {}
+        entry[str(node_id) if node_id is not None else "sampler"] = settings
 
 
 class LiveReporter:
@@ -221,7 +272,7 @@ class LiveReporter:
 
 def run_sampler(
     handle: ModelHandle, prompt: str, negative_prompt: str, resolution: str, seed: int,
-    config: SamplerConfig, batch_size: int, node_id: Optional[str] = None,
+    config: SamplerConfig, batch_size: int, node_id: Optional[str] = None, extra_pnginfo: Any = None,
 ) -> Tuple[ARImageTokens, SJDStats]:
     """Sample with live progress; shared by the sampler and the one-node text-to-image."""
     model = handle.get()
@@ -229,7 +280,8 @@ def run_sampler(
     model.check_resolution(res)  # a clear error before any model work
     reporter = LiveReporter(model, res, node_id, batch_size, config.method)
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        # Small models run fastest on one thread (a busy CPU made the demo 5-7x slower otherwise).
+        with warnings.catch_warnings(record=True) as caught, torch_threads(threads_for(model)) as threads:
             warnings.simplefilter("always")
             result = sp.generate_image(
                 model, prompt, config=config, seed=int(seed), negative_prompt=negative_prompt,
@@ -238,16 +290,20 @@ def run_sampler(
     except BaseException:
         comfy_bridge.soft_empty_cache()  # the loop has freed its KV cache; hand the memory back
         raise
-    for w in caught:
-        log.warning("sjd-pac: %s", w.message)
+    notes = [str(w.message) for w in caught] + pointless_setting_warnings(config)
+    for note in notes:
+        log.warning("sjd-pac: %s", note)
     tokens = result.tokens.reshape(batch_size, -1).cpu()
     out = ARImageTokens(tokens=tokens, resolution=result.encoding.resolution, model=handle,
                         seeds=[int(seed) + i for i in range(batch_size)])
     key = (handle.key, prompt, negative_prompt, int(seed), result.encoding.resolution, int(batch_size),
            config.cfg_scale, config.temperature, config.top_k, config.top_p)
     stats = SJDStats(runs=list(result.all_stats), config=config, model_name=handle.name, prompt=prompt,
-                     seed=int(seed), resolution=result.encoding.resolution, tokens=tokens, baseline_key=key)
+                     seed=int(seed), resolution=result.encoding.resolution, tokens=tokens, baseline_key=key,
+                     threads=threads if model.device.type == "cpu" else None, notes=notes)
     speedup.record(stats)
+    record_in_pnginfo(extra_pnginfo, node_id, run_settings(
+        config, handle, prompt, negative_prompt, result.encoding.resolution, seed, batch_size))
     return out, stats
 
 
@@ -291,22 +347,22 @@ class SJDPACSampler:
                 "method": k["method"], "window": k["window"], "tree_depth": k["tree_depth"],
                 "tree_width": k["tree_width"], "verify": k["verify"], "batch_size": k["batch_size"],
             },
-            "hidden": {"unique_id": "UNIQUE_ID"},
+            "hidden": {"unique_id": "UNIQUE_ID", "extra_pnginfo": "EXTRA_PNGINFO"},
         }
 
-    @classmethod
-    def VALIDATE_INPUTS(cls, method=None, top_k=None, tree_depth=None, tree_width=None):
-        # Only the knobs of the cross-knob rule (K <= top-k when the tree is on): ComfyUI shows a
-        # failure on every input named here and skips its own min/max check for them, so the
-        # other knobs keep ComfyUI's range and choice checks (also before any model work).
-        return validate_knobs(method=method, top_k=top_k, tree_depth=tree_depth, tree_width=tree_width)
+    # No VALIDATE_INPUTS: ComfyUI then checks every knob against its own range (one message per
+    # wrong input), and the widget ranges of D and K cannot exceed the tree budget. The one
+    # cross-knob rule (K <= top-k) needs the model's defaults and is checked in `sample`, before
+    # any model work, as one sentence (a VALIDATE_INPUTS naming four inputs showed it four times).
 
     def sample(self, model: ModelHandle, prompt: str, negative_prompt: str, resolution: str, seed: int,
                cfg: float, temperature: float, top_k: int, top_p: float, method: str, window: int,
                tree_depth: int, tree_width: int, verify: str, batch_size: int,
-               unique_id: Optional[str] = None) -> Tuple[ARImageTokens, SJDStats]:
-        config = make_config(method, window, tree_depth, tree_width, verify, cfg, temperature, top_k, top_p)
-        return run_sampler(model, prompt, negative_prompt, resolution, seed, config, batch_size, unique_id)
+               unique_id: Optional[str] = None, extra_pnginfo: Any = None) -> Tuple[ARImageTokens, SJDStats]:
+        config = make_config(method, window, tree_depth, tree_width, verify, cfg, temperature, top_k, top_p,
+                             defaults=model.get().defaults)
+        return run_sampler(model, prompt, negative_prompt, resolution, seed, config, batch_size, unique_id,
+                           extra_pnginfo)
 
 
 class SJDPACTextToImage:
@@ -328,14 +384,15 @@ class SJDPACTextToImage:
                 "prompt": PROMPT_INPUT,
                 "seed": SEED_INPUT,
                 "method": KNOBS["method"],
+                "upscale_to": UPSCALE_INPUTS["upscale_to"],
+                "upscale_method": UPSCALE_INPUTS["upscale_method"],
             },
-            "hidden": {"unique_id": "UNIQUE_ID"},
+            "hidden": {"unique_id": "UNIQUE_ID", "extra_pnginfo": "EXTRA_PNGINFO"},
         }
 
     def generate(self, model: ModelHandle, prompt: str, seed: int, method: str,
-                 unique_id: Optional[str] = None) -> Tuple[torch.Tensor, SJDStats]:
-        from .decode import tokens_to_image
-
-        config = model.get().defaults.sampler_config(method=method)
-        tokens, stats = run_sampler(model, prompt, "", "default", seed, config, 1, unique_id)
-        return tokens_to_image(tokens), stats
+                 upscale_to: int = DEFAULT_UPSCALE_TO, upscale_method: str = "nearest",
+                 unique_id: Optional[str] = None, extra_pnginfo: Any = None) -> Tuple[torch.Tensor, SJDStats]:
+        config = config_from_settings(model.get().defaults, method=method)
+        tokens, stats = run_sampler(model, prompt, "", "default", seed, config, 1, unique_id, extra_pnginfo)
+        return tokens_to_image(tokens, upscale_to, upscale_method), stats

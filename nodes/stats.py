@@ -6,6 +6,8 @@ from typing import List, Optional, Tuple
 
 from PIL import Image, ImageDraw, ImageFont
 
+from sjd_pac_core.settings import settings_line
+
 from . import speedup
 from .datatypes import SJD_STATS, SJDStats
 from .decode import pil_to_image
@@ -19,11 +21,12 @@ BAR, LINE, ACCENT = (90, 160, 240), (250, 170, 60), (120, 210, 140)
 def summarize(stats: SJDStats, baseline: Optional[SJDStats]) -> str:
     name = METHOD_NAMES.get(stats.method, stats.method)
     lengths = stats.accept_lengths
-    lines = [
-        f"{name} on {stats.model_name}, seed {stats.seed}, {stats.resolution}, "
-        f"{len(stats.runs)} image(s), verify {stats.config.verify}",
-        f"forward passes: {stats.forward_passes} for {stats.tokens_committed} tokens "
-        f"(step compression {stats.step_compression:.2f}x; plain AR needs one pass per token)",
+    lines = [f"warning: {note}" for note in stats.notes]
+    lines += [
+        f"{name} on {stats.model_name}, seed {stats.seed}, {stats.resolution}, {len(stats.runs)} image(s)",
+        f"settings: {settings_line(stats.config, stats.threads)}",
+        f"forward passes: {stats.forward_passes} for {stats.tokens_committed} tokens = "
+        f"{stats.step_compression:.2f} tokens per forward pass (plain AR: 1)",
         f"accepted per pass: mean {stats.step_compression:.2f}, longest {max(lengths, default=0)}",
         f"wall time: {stats.wall_time:.2f} s ({sum(r.forward_time for r in stats.runs):.2f} s in the "
         f"model), {stats.tokens_committed / max(stats.wall_time, 1e-9):.1f} tokens/s",

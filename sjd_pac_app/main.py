@@ -34,7 +34,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    from .app import SjdPacApp, launch_kwargs  # imports gradio (after the env var above)
+    try:
+        from .app import SjdPacApp, launch_kwargs  # imports gradio (after the env var above)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in ("gradio", "gradio_client"):
+            raise
+        print("sjd-pac-app needs Gradio, which is not installed; run: pip install 'sjd-pac[app]'",
+              file=sys.stderr)
+        return 2
     from .runner import ModelManager
 
     models_dir = args.models_dir

@@ -1,26 +1,118 @@
-"""Command line: `sjd-pac generate` (one image) and `sjd-pac bench` (the benchmark)."""
+"""Command line: `sjd-pac generate` (one image) and `sjd-pac bench` (the benchmark).
+
+Every argument, the output path included, is parsed and checked before torch is imported or a
+model is loaded: `--help` and a mistyped flag answer at once, and a run never fails at its end
+because of a setting that could have been checked at its start.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 from typing import List, Optional
 
-import torch
+# Only light modules at import time: config and settings import neither torch nor transformers.
+from .config import ConfigError
+from .images import MAX_UPSCALE, UPSCALE_FILTERS
+from .settings import config_from_settings, resolve_seed, window_value
+
+DEVICE_NAMES = "auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps"
+BENCH_COMMANDS = ("bench", "lossless")
 
 
+class ArgumentError(ValueError):
+    """A command-line argument is wrong; the message says which and how to fix it."""
+
+
+# --- checks shared with `sjd-pac bench` ----------------------------------------------------------
+def _probe_folder(folder: Path, flag: str) -> None:
+    """Create `folder` if needed and prove that a file can be written in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ArgumentError(
+            f"{flag}: cannot write into {folder} ({reason.lower()}); choose a folder you can write to."
+        ) from None
+
+
+def check_writable_folder(path: str, flag: str = "--out") -> Path:
+    """The folder `path`, created if missing, after proving it can be written (before any work)."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ArgumentError(f"{flag} {path} is a file, not a folder; give a folder for the results.")
+    _probe_folder(folder, flag)
+    return folder
+
+
+def image_extensions() -> List[str]:
+    """File extensions PIL can write an image to (.png, .jpg, ...)."""
+    from PIL import Image
+
+    Image.init()
+    return sorted(ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.SAVE)
+
+
+def check_image_path(path: str, flag: str = "--output") -> Path:
+    """An image file path that can be written: not a folder, a known extension, a writable folder."""
+    out = Path(path).expanduser()
+    if path.endswith(("/", os.sep)) or out.is_dir():
+        raise ArgumentError(f"{flag} {path} is a folder; give a file name such as {out / 'out.png'}.")
+    if not out.suffix:
+        raise ArgumentError(f"{flag} {path} has no file extension; add one, e.g. {path}.png.")
+    if out.suffix.lower() not in image_extensions():
+        raise ArgumentError(
+            f"{flag} {path}: '{out.suffix}' is not an image format this Pillow can write; use .png, .jpg or .webp."
+        )
+    _probe_folder(out.parent, flag)
+    if out.exists() and not os.access(out, os.W_OK):
+        raise ArgumentError(f"{flag} {path} exists and cannot be overwritten; choose another file name.")
+    return out
+
+
+def check_device(name: str, flag: str = "--device") -> str:
+    """A device name the loader understands (whether it is present is checked when loading)."""
+    if re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
+        return name
+    raise ArgumentError(f"{flag} {name!r} is not a device name; use {DEVICE_NAMES}.")
+
+
+# --- argument types (argparse turns their errors into one usage line) ----------------------------
 def _window_arg(text: str):
-    return text if text == "auto" else int(text)
+    try:
+        return window_value(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _int_at_least(low: int, high: Optional[int] = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampler (defaults: the model family's recommended settings)")
     g.add_argument("--method", choices=["ar", "sjd", "sjd_pac"], default="sjd_pac")
     g.add_argument("--window", "-L", type=_window_arg, default=None,
-                   help="draft window L, or 'auto' (chosen from measured costs and acceptance)")
-    g.add_argument("--tree-depth", "-D", type=int, default=None, help="PD tree depth D (counts the root)")
+                   help="draft window L (1-1024), or 'auto' (chosen from measured costs and acceptance)")
+    g.add_argument("--tree-depth", "-D", type=int, default=None,
+                   help="PD tree depth D (counts the root); the tree's cost grows as K^(D-1)")
     g.add_argument("--tree-width", "-K", type=int, default=None, help="PD tree width K")
     g.add_argument("--no-ac", action="store_true", help="switch Adaptive Continuation off")
     g.add_argument("--no-pd", action="store_true", help="switch Proactive Drafting off")
@@ -28,96 +120,146 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
                    help="gumbel = seed-exact: every method gives AR's exact picture for a seed")
     g.add_argument("--cfg", type=float, default=None, help="classifier-free guidance scale")
     g.add_argument("--temperature", type=float, default=None)
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None, help="0 = off")
+    g.add_argument("--top-p", type=float, default=None, help="1 = off")
 
 
-def _config_from_args(model, args):
-    overrides = dict(method=args.method, verify=args.verify,
-                     adaptive_continuation=not args.no_ac, proactive_drafting=not args.no_pd)
-    for field, value in [("window", args.window), ("tree_depth", args.tree_depth),
-                         ("tree_width", args.tree_width), ("cfg_scale", args.cfg),
-                         ("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p)]:
-        if value is not None:
-            overrides[field] = value
-    return model.defaults.sampler_config(**overrides)
+def _config_from_args(args, defaults=None):
+    """The run's SamplerConfig: settings.config_from_settings over the family's defaults."""
+    return config_from_settings(
+        defaults, method=args.method, window=args.window, tree_depth=args.tree_depth,
+        tree_width=args.tree_width, verify=args.verify, cfg_scale=args.cfg, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p,
+        adaptive_continuation=not args.no_ac, proactive_drafting=not args.no_pd,
+    )
+
+
+def validate_generate_args(args: argparse.Namespace) -> None:
+    """Every check `generate` can make without torch or the model; raises ConfigError/ArgumentError."""
+    if not args.prompt.strip():
+        raise ArgumentError("The prompt is empty; say what to draw, e.g. \"a red circle on a blue background\".")
+    _config_from_args(args)  # window, D/K budget, temperature, top-k/p, CFG (family defaults come later)
+    args.seed = resolve_seed(args.seed)
+    check_device(args.device)
+    args.output = str(check_image_path(args.output))
+
+
+PNG_SETTINGS_KEY = "sjd_pac"  # the same text chunk the ComfyUI nodes write
+
+
+def save_with_settings(image, path: Path, record: dict) -> None:
+    """Save `image`; a PNG also carries the run's settings (prompt, seed, every knob) as JSON text."""
+    if path.suffix.lower() == ".png":
+        import json
+
+        from PIL.PngImagePlugin import PngInfo
+
+        info = PngInfo()
+        info.add_text(PNG_SETTINGS_KEY, json.dumps(record))
+        image.save(path, pnginfo=info)
+    else:
+        image.save(path)
+
+
+def _output_paths(out: Path, count: int) -> List[Path]:
+    return [out] if count == 1 else [out.with_name(f"{out.stem}_{i}{out.suffix}") for i in range(count)]
 
 
 def _generate(args) -> int:
     import sjd_pac_core as sp
     from tqdm import tqdm
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    from .images import upscale
+    from .settings import pointless_setting_warnings, run_record, settings_line
+    from .threads import threads_for, torch_threads
+
     model = sp.load_model(args.model, dtype=args.dtype, device=args.device)
-    config = _config_from_args(model, args)
+    config = _config_from_args(args, model.defaults)
     encoding_tokens = model.encode_prompt(args.prompt, args.negative_prompt, args.resolution).layout.num_tokens
     bar = tqdm(total=encoding_tokens * args.batch_size, unit="tok", desc=config.method, disable=args.quiet)
 
     def on_pass(progress: sp.Progress) -> None:
         bar.update(progress.record.committed)
-        bar.set_postfix(passes=progress.stats.forward_passes, compression=f"{progress.stats.step_compression:.2f}x")
+        bar.set_postfix(passes=progress.stats.forward_passes,
+                        tokens_per_pass=f"{progress.stats.step_compression:.2f}")
 
-    with warnings.catch_warnings():
+    threads = args.threads if args.threads else threads_for(model)
+    with warnings.catch_warnings(), torch_threads(threads) as threads_used:
         warnings.simplefilter("always")
         warnings.formatwarning = lambda msg, *a, **k: f"warning: {msg}\n"
+        for message in pointless_setting_warnings(config):
+            warnings.warn(message)
         result = sp.generate_image(model, args.prompt, config=config, seed=args.seed,
                                    negative_prompt=args.negative_prompt, resolution=args.resolution,
                                    callback=on_pass, batch_size=args.batch_size)
     bar.close()
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    paths = [out] if len(result.images) == 1 else [
-        out.with_name(f"{out.stem}_{i}{out.suffix}") for i in range(len(result.images))
-    ]
-    for image, path in zip(result.images, paths):
-        if args.upscale > 1:
-            image = image.resize((image.width * args.upscale, image.height * args.upscale), resample=0)
-        image.save(path)
+    paths = _output_paths(Path(args.output), len(result.images))
+    for i, (image, path) in enumerate(zip(result.images, paths)):
+        record = run_record(config, prompt=args.prompt, seed=args.seed + i, negative_prompt=args.negative_prompt,
+                            resolution=result.encoding.resolution, model=args.model, family=model.family)
+        save_with_settings(upscale(image, args.upscale, args.upscale_filter), path, record)
+    print(f"settings: {settings_line(config, threads_used if model.device.type == 'cpu' else None)}; "
+          f"seed {args.seed}")
     for stats in result.all_stats:
-        print(stats.summary())
+        print(f"{stats.method}: {stats.tokens_committed} tokens in {stats.forward_passes} forward passes = "
+              f"{stats.step_compression:.2f} tokens per forward pass (plain AR: 1), {stats.wall_time:.2f} s")
     print(f"model: {model.family} ({model.name}) on {model.device}; wrote {', '.join(map(str, paths))}")
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sjd-pac", description=__doc__)
+def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sjd-pac", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate an image and print the sampler's statistics")
     gen.add_argument("prompt")
-    gen.add_argument("-o", "--output", default="out.png")
+    gen.add_argument("-o", "--output", default="out.png", help="image file (.png, .jpg, .webp, ...)")
     gen.add_argument("--model", default="demo", help="'demo' or a local checkpoint folder")
     gen.add_argument("--negative-prompt", default="")
     gen.add_argument("--resolution", default=None,
                      help="WxH, one of the sizes the model was trained for (default: its own; a wrong one lists them)")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--batch-size", type=int, default=1)
+    gen.add_argument("--seed", type=int, default=0, help="random seed; -1 picks a random one (printed)")
+    gen.add_argument("--batch-size", type=_int_at_least(1, 64), default=1)
     gen.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
-    gen.add_argument("--device", default="auto")
-    gen.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    gen.add_argument("--upscale", type=int, default=1, help="nearest-neighbour upscale of the saved PNG")
+    gen.add_argument("--device", default="auto", help=DEVICE_NAMES)
+    gen.add_argument("--threads", type=_int_at_least(0), default=0,
+                     help="torch CPU threads (0 = chosen for the model's size: 1 for small models such as "
+                          "the demo, torch's default for large ones)")
+    gen.add_argument("--upscale", type=_int_at_least(1, MAX_UPSCALE), default=1,
+                     help=f"upscale the saved image by this factor (1-{MAX_UPSCALE}; the demo's 64 px -> 8 "
+                          "gives 512 px)")
+    gen.add_argument("--upscale-filter", choices=list(UPSCALE_FILTERS), default="nearest",
+                     help="nearest keeps the token grid's sharp pixels; lanczos smooths them")
     gen.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_sampler_args(gen)
-    gen.set_defaults(func=_generate)
+    gen.set_defaults(func=_generate, validate=validate_generate_args)
 
-    try:
-        from .bench.cli import add_bench_parser
-    except ImportError:  # the benchmark is optional
-        pass
+    # The benchmark's parser imports torch: build it only when its command is asked for, so that
+    # `sjd-pac --help` and `sjd-pac generate` start without it.
+    positionals = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    if positionals[:1] and positionals[0] in BENCH_COMMANDS:
+        try:
+            from .bench.cli import add_bench_parser
+        except ImportError:  # the benchmark is optional
+            pass
+        else:
+            add_bench_parser(sub, _add_sampler_args)
     else:
-        add_bench_parser(sub, _add_sampler_args)
+        sub.add_parser("bench", help="the benchmark (see `sjd-pac bench --help`)", add_help=False)
+        sub.add_parser("lossless", help="the lossless check (see `sjd-pac lossless --help`)", add_help=False)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from .config import ConfigError
-    from .models.loader import ModelLoadError
-
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
+        validate = getattr(args, "validate", None)
+        if validate is not None:
+            validate(args)  # before torch, before the model
+        elif args.command in BENCH_COMMANDS and getattr(args, "out", None):
+            check_writable_folder(args.out)  # before a benchmark that would be lost at its end
         return args.func(args)
-    except (ConfigError, ModelLoadError, ValueError) as exc:
+    except (ConfigError, ArgumentError, ValueError) as exc:  # ModelLoadError is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

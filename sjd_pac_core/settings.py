@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Optional, Union
+from typing import TYPE_CHECKING, List, Optional, Union
 
 from .config import ConfigError, SamplerConfig
-from .models.image_model import FamilyDefaults
+
+if TYPE_CHECKING:  # no torch import here: the CLI validates its arguments before loading torch
+    from .models.image_model import FamilyDefaults
 
 # Random seeds are drawn below 2^32 so that they are easy to read, type and store in JSON.
 RANDOM_SEED_RANGE = 2**32
@@ -94,7 +96,7 @@ def config_from_settings(
 
     Raises ConfigError with one sentence naming the field and the fix.
     """
-    base = (defaults or FamilyDefaults(resolutions=("",))).sampler_config()
+    base = defaults.sampler_config() if defaults is not None else SamplerConfig()
     values = {"adaptive_continuation": bool(adaptive_continuation), "proactive_drafting": bool(proactive_drafting)}
     if not _empty(method):
         values["method"] = method
@@ -117,3 +119,60 @@ def config_from_settings(
         p = real_number(top_p, "top-p", "1.0 (off)")
         values["top_p"] = None if p >= 1.0 else p
     return base.with_(**values)
+
+
+def pointless_setting_warnings(config: SamplerConfig) -> List[str]:
+    """Settings that are valid but make the chosen method pointless, one sentence each.
+
+    The CLI prints them, the nodes add them to the stats text, the app shows them: a run with
+    such a setting is still correct (every method is lossless), just not faster.
+    """
+    messages: List[str] = []
+    if config.method != "ar" and config.window == 1:
+        messages.append(
+            f"window L = 1 verifies a single draft per forward pass, so {config.method} cannot beat ar "
+            "and its verification only adds cost; use L = 16-64 or 'auto'."
+        )
+    if config.method == "sjd_pac" and not config.adaptive_continuation and not config.use_pd:
+        messages.append(
+            "sjd_pac with Adaptive Continuation off and no Proactive Drafting tree is plain sjd; "
+            "switch one of them on or choose method sjd."
+        )
+    return messages
+
+
+def settings_line(config: SamplerConfig, threads: Optional[int] = None) -> str:
+    """The settings a run used, for summary lines: method, L, D, K, CFG, temperature, verify, threads."""
+    parts = [f"method {config.method}"]
+    if config.method != "ar":
+        parts.append(f"L {config.window}")
+    if config.use_pd:
+        parts.append(f"D {config.tree_depth}, K {config.tree_width}")
+    elif config.method == "sjd_pac":
+        parts.append("no PD tree")
+    if config.method == "sjd_pac" and not config.adaptive_continuation:
+        parts.append("no AC")
+    parts.append(f"CFG {config.cfg_scale:g}")
+    parts.append(f"temperature {config.temperature:g}")
+    if config.top_k is not None:
+        parts.append(f"top-k {config.top_k}")
+    if config.top_p is not None:
+        parts.append(f"top-p {config.top_p:g}")
+    parts.append(f"verify {config.verify}")
+    if threads is not None:
+        parts.append(f"{threads} CPU thread{'s' if threads != 1 else ''}")
+    return ", ".join(parts)
+
+
+def run_record(config: SamplerConfig, *, prompt: str, seed: int, negative_prompt: str = "",
+               resolution: Optional[str] = None, model: str = "", family: str = "",
+               batch_size: int = 1) -> dict:
+    """Everything needed to reproduce a run, as plain JSON (saved in PNG metadata by the CLI and nodes)."""
+    return {
+        "model": model, "family": family, "prompt": prompt, "negative_prompt": negative_prompt,
+        "resolution": resolution, "seed": int(seed), "batch_size": int(batch_size),
+        "method": config.method, "window": config.window, "tree_depth": config.tree_depth,
+        "tree_width": config.tree_width, "adaptive_continuation": config.adaptive_continuation,
+        "proactive_drafting": config.proactive_drafting, "verify": config.verify,
+        "cfg": config.cfg_scale, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
+    }

@@ -5,7 +5,6 @@ nodes/comfy_bridge.py, whose hooks are the only seam (tests inject plain callabl
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import re
 import shutil
 import subprocess
@@ -196,14 +195,14 @@ def test_sampler_decoder_and_stats_with_live_progress(pack, bridge, handle):
     assert sum(sum(d["accepted"]) for d in data) == 2 * n  # the chart sees every pass
     assert data[-1]["step_compression"] == pytest.approx(stats.runs[-1].step_compression, abs=1e-3)
 
-    (image,) = nodes["DecodeARImageTokens"]().decode(tokens)
+    (image,) = nodes["DecodeARImageTokens"]().decode(tokens, 0, "nearest")  # 0: the model's own size
     assert image.shape == (2, 64, 64, 3) and image.dtype == torch.float32
     assert 0.0 <= float(image.min()) and float(image.max()) <= 1.0
 
     out = nodes["SJDStats"]().report(stats)
     plot, summary = out["result"]
     assert plot.ndim == 4 and plot.shape[0] == 1 and plot.shape[-1] == 3 and plot.dtype == torch.float32
-    assert out["ui"]["text"] == [summary] and "step compression" in summary and "forward passes" in summary
+    assert out["ui"]["text"] == [summary] and "tokens per forward pass" in summary and "forward passes" in summary
 
 
 def test_speedup_against_an_ar_run_of_the_same_job(pack, bridge, handle):
@@ -226,7 +225,8 @@ def test_speedup_against_an_ar_run_of_the_same_job(pack, bridge, handle):
 
 def test_text_to_image_node(pack, bridge, handle):
     image, stats = pack.NODE_CLASS_MAPPINGS["SJDPACTextToImage"]().generate(handle, "a blue square", 5, "sjd")
-    assert image.shape == (1, 64, 64, 3) and image.dtype == torch.float32 and stats.method == "sjd"
+    assert image.shape == (1, 512, 512, 3) and image.dtype == torch.float32 and stats.method == "sjd"
+    assert stats.config == handle.get().defaults.sampler_config(method="sjd")  # the model's settings
 
 
 def test_resolution_is_checked_against_the_model_at_run_time(pack, bridge, handle):
@@ -239,13 +239,13 @@ def test_resolution_is_checked_against_the_model_at_run_time(pack, bridge, handl
     assert one_sentence(str(info.value)) and not calls  # failed before any model work
 
 
-# --- VALIDATE_INPUTS -----------------------------------------------------------------------------
+# --- knob checks ---------------------------------------------------------------------------------
 GOOD = dict(cfg=3.0, temperature=1.0, top_k=0, top_p=1.0, method="sjd_pac", window=32, tree_depth=3,
             tree_width=4, verify="rejection", batch_size=1)
 
 
 def comfy_range_check_rejects(cls, name: str, value) -> bool:
-    """ComfyUI's own check for inputs VALIDATE_INPUTS does not name: min/max and combo lists."""
+    """ComfyUI's own check of every input (the sampler names none in a VALIDATE_INPUTS)."""
     kind, opts = cls.INPUT_TYPES()["required"][name]
     if isinstance(kind, list):
         return value not in kind
@@ -255,8 +255,8 @@ def comfy_range_check_rejects(cls, name: str, value) -> bool:
 @pytest.mark.parametrize("bad, word", [
     (dict(temperature=0.0), "temperature"),
     (dict(top_p=0.0), "top_p"),
-    (dict(window=0), "window"),
-    (dict(cfg=-1.0), "cfg"),
+    (dict(window=-2), "window"),
+    (dict(cfg=-2.0), "cfg"),
     (dict(batch_size=0), "batch_size"),
     (dict(method="fast"), "method"),
     (dict(verify="exact"), "verify"),
@@ -264,29 +264,136 @@ def comfy_range_check_rejects(cls, name: str, value) -> bool:
     (dict(tree_depth=9), "tree_depth"),
     (dict(tree_width=0), "tree_width"),
 ])
-def test_bad_knobs_fail_before_model_work_with_the_fix(pack, bad, word):
+def test_bad_knobs_fail_before_model_work_with_the_fix(pack, bridge, handle, bad, word):
     cls = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]
     args = {**GOOD, **bad}
-    named = set(inspect.signature(cls.VALIDATE_INPUTS).parameters)
-    if set(bad) <= named:  # VALIDATE_INPUTS's own knobs (ComfyUI skips its range check for them)
-        message = cls.VALIDATE_INPUTS(**{k: v for k, v in args.items() if k in named})
-        assert message is not True and word in message and one_sentence(message), message
-    else:  # the rest: ComfyUI's min/max/list check stops them before the node runs
-        assert all(comfy_range_check_rejects(cls, k, v) for k, v in bad.items())
     message = submodule("sampler").validate_knobs(**args)  # every host: one sentence naming the fix
     assert message is not True and word in message and one_sentence(message), message
+    if any(comfy_range_check_rejects(cls, k, v) for k, v in bad.items()):
+        return  # ComfyUI's min/max/list check stops it at queue time, one message for that input
+    calls: List[int] = []  # the rest is refused when the node runs, before any forward pass
+    bridge.hooks.progress = lambda *a: calls.append(1)
+    import sjd_pac_core as sp
+
+    with pytest.raises(sp.ConfigError) as info:
+        cls().sample(handle, **sampler_args(**bad))
+    assert word in str(info.value) and one_sentence(str(info.value)) and not calls
 
 
-def test_validate_inputs_accepts_good_and_linked_knobs(pack):
+def test_tree_width_error_is_one_sentence_shown_once(pack):
+    """ComfyUI repeats a VALIDATE_INPUTS failure for every input it names (four times for the
+    K <= top-k rule): the sampler names none, and the rule is one sentence raised by the node."""
     cls = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]
-    named = set(inspect.signature(cls.VALIDATE_INPUTS).parameters)
-    assert named == {"method", "top_k", "tree_depth", "tree_width"}  # few: ComfyUI flags each one
-    pick = lambda d: {k: v for k, v in d.items() if k in named}  # noqa: E731
-    assert cls.VALIDATE_INPUTS(**pick(GOOD)) is True
-    assert cls.VALIDATE_INPUTS(**pick({**GOOD, "top_k": 2, "tree_width": 4, "method": "sjd"})) is True  # no tree
-    assert cls.VALIDATE_INPUTS(**pick({**GOOD, "top_k": 2, "tree_width": 4, "tree_depth": 1})) is True
-    assert cls.VALIDATE_INPUTS(**pick({**GOOD, "top_k": None})) is True  # linked: checked at run time
-    assert submodule("sampler").validate_knobs(**GOOD) is True
+    assert not hasattr(cls, "VALIDATE_INPUTS")
+    sampler = submodule("sampler")
+    with pytest.raises(Exception) as info:
+        sampler.make_config("sjd_pac", 32, 3, 4, "rejection", 2.0, 1.0, 2, 1.0)
+    assert str(info.value).count("is larger than top_k") == 1 and one_sentence(str(info.value))
+    assert sampler.make_config("sjd", 32, 3, 4, "rejection", 2.0, 1.0, 2, 1.0).tree_width == 4  # no tree
+    assert sampler.validate_knobs(**GOOD) is True
+    assert sampler.validate_knobs(**{**GOOD, "top_k": None}) is True  # linked: checked at run time
+
+
+def test_tree_widgets_cannot_exceed_the_budget(pack):
+    from sjd_pac_core.config import MAX_TREE_NODES, SamplerConfig, max_tree_depth, tree_node_count
+
+    req = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"].INPUT_TYPES()["required"]
+    depth, width = req["tree_depth"][1], req["tree_width"][1]
+    for d in range(1, depth["max"] + 1):
+        for k in range(1, width["max"] + 1):
+            assert tree_node_count(d, k) <= MAX_TREE_NODES, (d, k)
+            SamplerConfig(tree_depth=d, tree_width=k)  # and the engine accepts every one
+    assert tree_node_count(depth["max"] + 1, width["max"]) > MAX_TREE_NODES  # the ranges are not needlessly small
+    assert "K^(D-1)" in depth["tooltip"] and "K^(D-1)" in width["tooltip"]
+    message = submodule("sampler").validate_knobs(**{**GOOD, "tree_depth": 8, "tree_width": 4})
+    assert f"D <= {min(depth['max'], max_tree_depth(4))}" in message and one_sentence(message)
+
+
+def test_defaults_follow_the_loaded_model_and_tooltips_are_true(pack, bridge, handle):
+    req = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"].INPUT_TYPES()["required"]
+    model_default = ("cfg", "temperature", "top_k", "top_p", "window", "tree_depth", "tree_width")
+    assert all(req[name][1]["default"] == -1 for name in model_default)
+    defaults = handle.get().defaults
+    assert f"demo {defaults.cfg_scale:g}" in req["cfg"][1]["tooltip"] and "demo 3" not in req["cfg"][1]["tooltip"]
+    assert f"demo {defaults.temperature:g}" in req["temperature"][1]["tooltip"]
+    assert f"demo {defaults.window}" in req["window"][1]["tooltip"]
+    assert "the fastest" not in req["method"][1]["tooltip"]  # only what measurements show
+    args = sampler_args(**{name: -1 for name in model_default})
+    _, stats = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(handle, **args)
+    assert stats.config == defaults.sampler_config(method="sjd_pac", verify="gumbel")
+
+
+def test_sampler_runs_with_the_thread_count_for_the_model(pack, bridge, handle):
+    seen = []
+    bridge.hooks.progress = lambda *a: seen.append(torch.get_num_threads())
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _, stats = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(handle, **sampler_args())
+        assert torch.get_num_threads() == 2  # restored after the run
+    finally:
+        torch.set_num_threads(before)
+    assert set(seen) == {1} and stats.threads == 1  # the demo is small: one thread
+    text = pack.NODE_CLASS_MAPPINGS["SJDStats"]().report(stats)["result"][1]
+    assert "1 CPU thread" in text and "tokens per forward pass" in text and "method sjd_pac, L 32" in text
+
+
+def test_settings_go_into_the_saved_png_metadata(pack, bridge, handle):
+    import json
+
+    extra = {"workflow": {"nodes": []}}  # ComfyUI's extra_pnginfo, which Save Image writes into the PNG
+    spec = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"].INPUT_TYPES()
+    assert spec["hidden"]["extra_pnginfo"] == "EXTRA_PNGINFO"
+    pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(
+        handle, **sampler_args(seed=123, cfg=-1, window=-1), unique_id="9", extra_pnginfo=extra)
+    saved = json.loads(json.dumps(extra["sjd_pac"]))["9"]  # plain JSON
+    assert saved["prompt"] == "a red circle on a blue background" and saved["seed"] == 123
+    assert saved["cfg"] == handle.get().defaults.cfg_scale and saved["window"] == 32  # resolved values
+    for key in ("method", "tree_depth", "tree_width", "verify", "temperature", "top_k", "top_p", "model",
+                "resolution", "negative_prompt", "batch_size"):
+        assert key in saved
+    pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(handle, **sampler_args(), unique_id="10",
+                                                       extra_pnginfo=extra)
+    assert set(extra["sjd_pac"]) == {"9", "10"}  # one entry per sampler of the graph
+
+
+def test_pointless_window_warns_in_the_stats_text(pack, bridge, handle):
+    _, stats = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(handle, **sampler_args(window=1))
+    text = pack.NODE_CLASS_MAPPINGS["SJDStats"]().report(stats)["result"][1]
+    assert text.startswith("warning: window L = 1") and "cannot beat ar" in text
+    _, stats = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(handle, **sampler_args(window=32))
+    assert "warning" not in pack.NODE_CLASS_MAPPINGS["SJDStats"]().report(stats)["result"][1]
+
+
+def test_decode_upscales_the_demo_to_512_by_default(pack, bridge, handle):
+    tokens, _ = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(handle, **sampler_args())
+    decode = pack.NODE_CLASS_MAPPINGS["DecodeARImageTokens"]
+    req = decode.INPUT_TYPES()["required"]
+    assert req["upscale_method"][0] == ["nearest", "lanczos"]
+    (image,) = decode().decode(tokens, req["upscale_to"][1]["default"], req["upscale_method"][1]["default"])
+    assert image.shape == (1, 512, 512, 3)
+    (small,) = decode().decode(tokens, 0, "nearest")
+    assert torch.equal(image[:, ::8, ::8], small)  # nearest: every pixel becomes an 8x8 block
+    (smooth,) = decode().decode(tokens, 512, "lanczos")
+    assert smooth.shape == image.shape and not torch.equal(smooth, image)
+
+
+def test_every_node_is_found_by_searching_sjd(pack):
+    """ComfyUI's node search matches the class name and the display name."""
+    for name, display in pack.NODE_DISPLAY_NAME_MAPPINGS.items():
+        assert "sjd" in (name + " " + display).lower(), name
+
+
+def test_web_extension_is_registered_once(pack):
+    """ComfyUI registers WEB_DIRECTORY under the folder's name and pyproject's [tool.comfy] web
+    under the project's name: both at once load the extension twice when the two names differ."""
+    import tomllib
+
+    comfy = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["comfy"]
+    registrations = ["web" in comfy, getattr(pack, "WEB_DIRECTORY", None) is not None]
+    assert registrations.count(True) == 1
+    js = (REPO / "web" / "sjd_pac.js").read_text()
+    assert "setSize" not in js  # the SJD Stats node keeps the size it was created with
 
 
 def test_run_time_config_errors_name_the_fix(pack, bridge, handle):
@@ -330,6 +437,15 @@ def test_bridge_is_a_no_op_headless(bridge):
     bridge.free_memory_for(1 << 20, "cuda")
     assert bridge.install_free_memory_hook(lambda *a: None) is False
     assert bridge.choose_device("cpu") == "cpu" and bridge.choose_device("auto") == "auto"
+    assert bridge.order_workflow_templates("sjd-pac") is False
+
+
+def test_template_listing_sorts_only_our_pack(bridge):
+    listing = {"sjd-pac-main": ["4 - b", "1 - a", "2 - c"], "other-pack": ["z", "a"]}
+    out = bridge.sort_template_listing(listing, "sjd-pac-main")
+    assert out == {"sjd-pac-main": ["1 - a", "2 - c", "4 - b"], "other-pack": ["z", "a"]}
+    assert bridge.sort_template_listing({"other-pack": ["z"]}, "sjd-pac") == {"other-pack": ["z"]}
+    assert sorted(p.stem for p in (REPO / "workflows").glob("*.json"))[0].startswith("1 - Demo")
 
 
 @pytest.fixture

@@ -24,13 +24,18 @@ CORE_NODES: Dict[str, Dict[str, Any]] = {
     "Note": {"inputs": {}, "outputs": [], "widgets": [("text", "STRING")]},  # front-end only
 }
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}  # seed's control_after_generate widget
+# The file name is the title ComfyUI's template browser shows (front end 1.27: title = name, the
+# thumbnail is <name>.jpg beside it); the leading number gives the order.
+DEMO_WF = "1 - Demo - text to image on the CPU.json"
+COMPARE_WF = "2 - Compare AR, SJD and SJD-PAC (demo, identical images).json"
 MODEL_FOLDERS = {  # the folder names the docs tell people to use under models/autoregressive
-    "demo_text_to_image.json": "demo",
-    "compare_ar_sjd_sjdpac.json": "demo",
-    "lumina_mgpt_768.json": "lumina-mgpt-7b-768",
-    "emu3_gen.json": "emu3-gen",
-    "janus_pro_7b.json": "janus-pro-7b",
+    DEMO_WF: "demo",
+    COMPARE_WF: "demo",
+    "3 - Lumina-mGPT 7B 768px (needs download and 20 GB GPU).json": "lumina-mgpt-7b-768",
+    "4 - Emu3-Gen (needs download and 24 GB GPU).json": "emu3-gen",
+    "5 - Janus-Pro 7B 384px (needs download and 16 GB GPU).json": "janus-pro-7b",
 }
+MAX_GRAPH_HEIGHT = 1200  # px at zoom 1: readable without scrolling through a tall graph
 
 
 def node_spec(type_: str) -> Tuple[Dict[str, str], List[str], List[Tuple[str, Any, dict]]]:
@@ -120,7 +125,7 @@ def test_ui_workflow_is_valid(path, pack):
 
 
 def test_comparison_workflow_uses_one_seed_and_gumbel(pack):
-    wf = load(WORKFLOWS / "compare_ar_sjd_sjdpac.json")
+    wf = load(WORKFLOWS / COMPARE_WF)
     _, _, widgets = node_spec("SJDPACSampler")
     names = [w[0] for w in widgets]
     samplers = [dict(zip(names, n["widgets_values"])) for n in wf["nodes"] if n["type"] == "SJDPACSampler"]
@@ -156,7 +161,7 @@ def _api_inputs(pack) -> dict:
 
 def test_api_workflow_matches_the_ui_demo(pack):
     api = _api_inputs(pack)
-    ui = load(WORKFLOWS / "demo_text_to_image.json")
+    ui = load(WORKFLOWS / DEMO_WF)
     for n in ui["nodes"]:
         if n["type"] == "Note":
             continue
@@ -197,6 +202,63 @@ def test_api_demo_workflow_runs_through_the_nodes(pack, bridge, model_setup):  #
     for node_id in api:
         run(node_id)
     saved = [results[i][0] for i, n in api.items() if n["class_type"] == "SaveImage"]
-    assert saved and saved[0].shape == (1, 64, 64, 3) and saved[0].dtype == torch.float32
+    assert saved and saved[0].shape == (1, 512, 512, 3) and saved[0].dtype == torch.float32  # upscaled x8
     plot = [results[i][0] for i, n in api.items() if n["class_type"] == "PreviewImage"]
     assert plot and plot[0].ndim == 4
+
+
+def _widgets(node: dict) -> dict:
+    _, _, widgets = node_spec(node["type"])
+    return dict(zip([w[0] for w in widgets], node["widgets_values"]))
+
+
+@pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.name)
+def test_seeds_randomize_except_in_the_comparison(path, pack):
+    samplers = [_widgets(n) for n in load(path)["nodes"] if n["type"] == "SJDPACSampler"]
+    want = "fixed" if path.name == COMPARE_WF else "randomize"  # the comparison needs one seed
+    assert samplers and {s["seed_control"] for s in samplers} == {want}
+
+
+@pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.name)
+def test_knobs_take_the_model_defaults_and_decode_upscales(path, pack):
+    wf = load(path)
+    for s in (_widgets(n) for n in wf["nodes"] if n["type"] == "SJDPACSampler"):
+        for key in ("cfg", "temperature", "top_k", "top_p", "window", "tree_depth", "tree_width"):
+            assert s[key] == -1, (path.name, key)
+    decoders = [_widgets(n) for n in wf["nodes"] if n["type"] == "DecodeARImageTokens"]
+    want = 512 if MODEL_FOLDERS[path.name] == "demo" else 0  # the demo's 64 px becomes 512 px
+    assert decoders and {d["upscale_to"] for d in decoders} == {want}
+
+
+@pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.name)
+def test_template_browser_thumbnail_title_and_size(path):
+    from PIL import Image
+
+    thumb = path.with_suffix(".jpg")
+    assert thumb.is_file(), f"{path.name}: no thumbnail {thumb.name}"
+    with Image.open(thumb) as im:
+        assert im.format == "JPEG" and min(im.size) >= 256
+    assert not set(path.stem) & set("/\\?#%&+"), "the name goes into a URL"
+    if MODEL_FOLDERS[path.name] != "demo":
+        assert "needs download" in path.stem and "GB GPU" in path.stem
+    wf = load(path)
+    top = min(n["pos"][1] for n in wf["nodes"])
+    bottom = max(n["pos"][1] + n["size"][1] for n in wf["nodes"])
+    assert bottom - top <= MAX_GRAPH_HEIGHT, f"{path.name} is {bottom - top} px tall"
+
+
+def test_template_order_demo_then_comparison_then_real_families():
+    names = sorted(p.name for p in UI_FILES)
+    assert [n.split(" - ")[0] for n in names] == ["1", "2", "3", "4", "5"]
+    assert names[0] == DEMO_WF and names[1] == COMPARE_WF
+    assert all(MODEL_FOLDERS[n] != "demo" for n in names[2:])
+    assert not (WORKFLOWS / "index.json").exists()  # ComfyUI 0.3.64 would list it as a template
+
+
+def test_demo_note_lists_the_known_words():
+    words = json.loads((REPO / "sjd_pac_core" / "demo" / "weights" / "vocab.json").read_text())
+    words = words["words"] if isinstance(words, dict) else words
+    text = " ".join(n["widgets_values"][0] for n in load(WORKFLOWS / DEMO_WF)["nodes"] if n["type"] == "Note")
+    content = [w for w in words if len(w) > 3]  # colours, shapes, positions
+    assert all(w in text for w in content if w not in ("background",)), [w for w in content if w not in text]
+    assert "textures" not in text and "6-10 s per image" in text  # measured in ComfyUI 0.3.64 --cpu

@@ -25,6 +25,10 @@ function chartWidget(node) {
   };
 }
 
+// The summary widget has a fixed height (SUMMARY_LINES lines), so the SJD Stats node is sized once
+// when it is created and never grows over the node below it after a run; longer text is cut with "...".
+const SUMMARY_LINES = 12;
+
 function textWidget(node) {
   return {
     name: "sjd_pac_summary",
@@ -33,15 +37,16 @@ function textWidget(node) {
     serialize: false,
     options: { serialize: false },
     computeSize(width) {
-      const lines = wrapText(node._sjdText || "", Math.max(20, Math.floor((width - 20) / 6.2)));
-      return [width, Math.max(1, lines.length) * LINE_HEIGHT + 8];
+      return [width, SUMMARY_LINES * LINE_HEIGHT + 8];
     },
     draw(ctx, _node, width, y) {
       const text = node._sjdText || "Run the graph to see the summary.";
+      let lines = wrapText(text, Math.max(20, Math.floor((width - 20) / 6.2)));
+      if (lines.length > SUMMARY_LINES) lines = [...lines.slice(0, SUMMARY_LINES - 1), "..."];
       ctx.save();
       ctx.fillStyle = "#ddd";
       ctx.font = "11px monospace";
-      wrapText(text, Math.max(20, Math.floor((width - 20) / 6.2))).forEach((line, i) => {
+      lines.forEach((line, i) => {
         ctx.fillText(line, 10, y + 12 + i * LINE_HEIGHT);
       });
       ctx.restore();
@@ -73,9 +78,7 @@ app.registerExtension({
       nodeType.prototype.onExecuted = function (message) {
         onExecuted?.apply(this, arguments);
         this._sjdText = (message?.text || []).join("\n");
-        const size = this.computeSize();
-        this.setSize([Math.max(this.size[0], size[0]), Math.max(this.size[1], size[1])]);
-        this.setDirtyCanvas(true, true);
+        this.setDirtyCanvas(true, true); // redraw only: the node keeps its size
       };
     }
   },

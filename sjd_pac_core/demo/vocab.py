@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import string
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +23,13 @@ import torch
 SPECIALS = ["<pad>", "<bos>", "<boi>", "<eol>", "<eoi>", "<unk>"]
 PAD, BOS, BOI, EOL, EOI, UNK = range(6)
 VOCAB_FILE = "vocab.json"
+
+
+def caption_words(text: str) -> list[str]:
+    """Lower-case words of a caption, without the punctuation around them ("background." and
+    "(red)" are the words "background" and "red"; a sentence may end in a full stop)."""
+    words = (w.strip(string.punctuation) for w in text.lower().replace(",", " ").split())
+    return [w for w in words if w]
 
 
 @dataclass
@@ -58,7 +66,7 @@ class DemoVocab:
 
     # -- text ------------------------------------------------------------------------------
     def encode_caption(self, caption: str) -> list[int]:
-        return [self._word_id.get(w, UNK) for w in caption.lower().replace(",", " ").split()]
+        return [self._word_id.get(w, UNK) for w in caption_words(caption)]
 
     def prompt_ids(self, caption: str | None) -> torch.Tensor:
         """``<bos> words <boi>``; ``None`` or ``""`` gives the unconditional prompt."""

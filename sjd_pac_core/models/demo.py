@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from ..demo.model import DemoModel, load_demo
-from ..demo.vocab import EOL, VOCAB_FILE
+from ..demo.vocab import EOL, VOCAB_FILE, caption_words
 from ..demo.vq import VQ_CONFIG, VQ_WEIGHTS
 from .causal_lm import CausalLMAdapter
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
@@ -69,7 +69,7 @@ class DemoImageModel(ARImageModel):
 
     def encode_prompt(self, prompt: str, negative_prompt: str = "", resolution: Optional[str] = None) -> PromptEncoding:
         resolution = self.check_resolution(resolution)
-        words = prompt.lower().replace(",", " ").split()
+        words = caption_words(prompt)
         known = [w for w in words if w in self.vocab.words]
         unknown = sorted(set(words) - set(known))
         warnings: List[str] = []

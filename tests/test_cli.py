@@ -1,0 +1,152 @@
+"""`sjd-pac` command line: every argument is checked before torch is imported (measured by the
+imports, never by the clock), the summary line names the settings, and the app's entry point
+explains a missing Gradio."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+HEAVY = ("torch", "transformers")
+
+
+def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`python -X importtime -m sjd_pac_core.cli ARGS`: stderr lists every module imported."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-X", "importtime", "-m", "sjd_pac_core.cli", *args],
+                          capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+
+
+def imported(proc: subprocess.CompletedProcess) -> set:
+    """Top-level names of the modules the process imported (from -X importtime's lines)."""
+    names = set()
+    for line in proc.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    return names
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list:
+    return [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+
+
+def test_importtime_parser_sees_torch_when_it_is_imported():
+    """Control: the import measurement below is able to see torch."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", "import torch"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert "torch" in imported(proc)
+
+
+def test_help_does_not_import_torch():
+    proc = run_cli("--help")
+    assert proc.returncode == 0 and "generate" in proc.stdout and "bench" in proc.stdout
+    assert not set(HEAVY) & imported(proc)
+    proc = run_cli("generate", "--help")
+    assert proc.returncode == 0 and "--upscale" in proc.stdout and not set(HEAVY) & imported(proc)
+
+
+@pytest.fixture
+def blocked_file(tmp_path):
+    path = tmp_path / "a_file"
+    path.write_text("not a folder")
+    return path
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--window", "0"], ["window (L)", "32, 64 or 'auto'"]),
+    (["--window", "2000"], ["1024"]),
+    (["-D", "8", "-K", "4"], ["D <= 4", "K^(D-1)"]),
+    (["-o", "{tmp}"], ["is a folder", "out.png"]),
+    (["-o", "{tmp}/out.txt"], ["'.txt'", ".png"]),
+    (["-o", "{tmp}/out"], ["no file extension"]),
+    (["-o", "{file}/out.png"], ["cannot write into"]),
+    (["--device", "gpu0"], ["gpu0", "cuda:N"]),
+    (["--upscale", "100000"], ["--upscale", "between 1 and 16"]),
+    (["--seed", "-5"], ["seed", "-1 for a random one"]),
+    (["--temperature", "0"], ["temperature"]),
+])
+def test_bad_arguments_are_refused_before_torch(args, words, tmp_path, blocked_file):
+    args = [a.format(tmp=tmp_path, file=blocked_file) for a in args]
+    proc = run_cli("generate", "a red circle", *args)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    message = " ".join(error_lines(proc))
+    assert all(w in message for w in words), message
+    assert "Traceback" not in proc.stderr
+    assert not set(HEAVY) & imported(proc), "validated after importing torch"
+    assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob("out*"))
+
+
+def test_bench_refuses_an_unwritable_out_before_running(blocked_file, capsys):
+    from sjd_pac_core.cli import main
+
+    assert main(["bench", "--out", str(blocked_file / "results"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "cannot write" in err
+
+
+def test_check_writable_folder_creates_and_refuses(tmp_path, blocked_file):
+    from sjd_pac_core.cli import ArgumentError, check_writable_folder
+
+    assert check_writable_folder(str(tmp_path / "new" / "runs")).is_dir()
+    with pytest.raises(ArgumentError, match="is a file"):
+        check_writable_folder(str(blocked_file))
+
+
+def test_generate_summary_names_the_settings_and_threads(tmp_path, capsys):
+    from PIL import Image
+
+    from sjd_pac_core.cli import main
+
+    out = tmp_path / "red.png"
+    rc = main(["generate", "a red circle on a blue background.", "-o", str(out), "--quiet", "--seed", "1",
+               "--upscale", "8", "--upscale-filter", "lanczos"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "does not know" not in captured.err  # the trailing full stop is not part of a word
+    settings = next(line for line in captured.out.splitlines() if line.startswith("settings:"))
+    for part in ("method sjd_pac", "L 32", "D 3, K 4", "CFG 2", "temperature 0.8", "verify rejection",
+                 "1 CPU thread", "seed 1"):
+        assert part in settings, settings
+    assert "tokens per forward pass" in captured.out
+    saved = Image.open(out)
+    assert saved.size == (512, 512)
+    record = json.loads(saved.info["sjd_pac"])  # the run can be reproduced from the file alone
+    assert record["prompt"] == "a red circle on a blue background." and record["seed"] == 1
+    assert record["method"] == "sjd_pac" and record["cfg"] == 2.0 and record["window"] == 32
+
+
+def test_pointless_window_is_warned(capsys, tmp_path):
+    from sjd_pac_core.config import SamplerConfig
+    from sjd_pac_core.settings import pointless_setting_warnings, settings_line
+
+    assert pointless_setting_warnings(SamplerConfig(method="sjd_pac", window=1))
+    assert pointless_setting_warnings(SamplerConfig(method="sjd", window=1))
+    assert not pointless_setting_warnings(SamplerConfig(method="sjd_pac", window=32))
+    assert not pointless_setting_warnings(SamplerConfig(method="ar", window=1))
+    assert pointless_setting_warnings(SamplerConfig(adaptive_continuation=False, proactive_drafting=False))
+    line = settings_line(SamplerConfig(method="ar", cfg_scale=2.0), threads=1)
+    assert line.startswith("method ar, CFG 2") and "D " not in line and "1 CPU thread" in line
+
+
+def test_trailing_punctuation_is_not_part_of_a_word():
+    from sjd_pac_core.demo.vocab import caption_words
+
+    assert caption_words("A red circle, on a blue background.") == ["a", "red", "circle", "on", "a", "blue",
+                                                                     "background"]
+    assert caption_words("(red) star!  ...") == ["red", "star"]
+
+
+def test_app_without_gradio_says_how_to_install_it(monkeypatch, capsys):
+    import sjd_pac_app.main as app_main
+
+    monkeypatch.setitem(sys.modules, "gradio", None)  # `import gradio` now fails as if not installed
+    monkeypatch.delitem(sys.modules, "sjd_pac_app.app", raising=False)
+    assert app_main.main(["--port", "0"]) == 2
+    assert "pip install 'sjd-pac[app]'" in capsys.readouterr().err

@@ -138,7 +138,7 @@ def test_negative_control_planted_bug_is_caught(tiny, monkeypatch, patch, config
 # chain over 6 tokens whose next token prefers x_(t-1) + 1, then + 2, ... (logits falling by 1 per
 # step, plus position noise). After a redraw at i, the candidates for i+1 were drawn from
 # q = P(. | old x_i) while the target is P(. | new x_i): the first candidate is often rejected and
-# a sibling accepted (a side branch wins in about 40-70 % of the passes that carry a tree). The exact
+# a sibling accepted (a side branch wins in about 40-60 % of the passes that carry a tree). The exact
 # pairwise marginals (x_t, x_t+1) follow from the transition matrices; every adjacent pair's
 # table is tested (chi-square, Bonferroni over the pairs).
 

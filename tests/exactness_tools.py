@@ -8,10 +8,15 @@ conditionals to the sampler from a table, so tens of thousands of samples take s
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib
 import itertools
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+import sys
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+import pytest
 import torch
 from scipy import stats as scipy_stats
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -173,3 +178,234 @@ def compare(counts: Dict[Tuple[int, ...], int], joint: Dict[Tuple[int, ...], flo
     tv = 0.5 * sum(abs(counts.get(k, 0) / n - joint[k]) for k in joint)
     noise = 0.5 * sum(math.sqrt(2 * p * (1 - p) / (math.pi * n)) for p in joint.values())
     return p_value, tv, noise
+
+
+# --- a Markov-chain table model: exact marginals in closed form, vectorised conditionals ------
+
+class MarkovChain:
+    """Image tokens as a (position-dependent) Markov chain: logits for x_0, then for x_t given x_{t-1}.
+
+    Conditionals that depend on the previous token make the stale proposals of Proactive
+    Drafting wrong in a structured way: after a redraw at position i, the candidates for i+1 were
+    drawn from q = P(. | old x_i) while the target is P(. | new x_i), so the first candidate is
+    often rejected and a sibling accepted. Exact per-position and pairwise marginals follow from
+    products of the (processed) transition matrices, so no enumeration is needed.
+    """
+
+    def __init__(self, first: torch.Tensor, transitions: torch.Tensor) -> None:
+        self.first = first  # [V] logits for x_0
+        self.transitions = transitions  # [N, V, V]: row a of transitions[t] = logits for x_t given x_{t-1} = a
+        self.vocab_size = int(first.shape[0])
+        self.num_tokens = int(transitions.shape[0])
+
+    @classmethod
+    def shifted(cls, vocab: int, num_tokens: int, profile: Sequence[float], noise: float = 0.3,
+                seed: int = 0) -> "MarkovChain":
+        """x_t given x_{t-1} = a puts logit profile[j] on token (a + 1 + j) mod V, plus a little
+        position-dependent noise: neighbouring contexts prefer neighbouring tokens, so a changed
+        context moves the mode onto the old proposal's second or third choice."""
+        gen = torch.Generator().manual_seed(seed)
+        base = torch.full((vocab,), -4.0)
+        base[: len(profile)] = torch.tensor(profile, dtype=torch.float32)
+        rows = torch.stack([base.roll(a + 1) for a in range(vocab)])  # [V, V]
+        trans = rows.unsqueeze(0) + noise * torch.randn(num_tokens, vocab, vocab, generator=gen)
+        first = noise * torch.randn(vocab, generator=gen)
+        return cls(first, trans)
+
+    def processed(self, config: sp.SamplerConfig, uncond: Optional["MarkovChain"] = None,
+                  constraints: Optional[TokenConstraints] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(p_0 [V], P [N, V, V]) after the sampler's recipe; P[t, a] = p(x_t | x_{t-1} = a)."""
+        recipe = SamplingRecipe(config.cfg_scale, config.temperature, config.top_k, config.top_p)
+        v, n = self.vocab_size, self.num_tokens
+        constraints = constraints or TokenConstraints(v, n)
+        chains = [self] + ([uncond] if config.uses_cfg else [])
+        first = torch.stack([c.first for c in chains]).unsqueeze(1)  # [B, 1, V]
+        p0 = process(first, torch.tensor([0]), recipe, constraints)[0].double()
+        trans = torch.zeros(n, v, v, dtype=torch.float64)
+        for t in range(1, n):  # N - 1 small batched calls of the product's own recipe
+            rows = torch.stack([c.transitions[t] for c in chains])  # [B, V, V]
+            trans[t] = process(rows, torch.full((v,), t), recipe, constraints).double()
+        return p0, trans
+
+
+class MarkovSession(DecoderSession):
+    """Serves a MarkovChain's logits: a node's conditional needs only its depth in the sequence
+    and its own token (the previous image token); beyond the image, zeros (only the auto window's
+    cost probe goes there)."""
+
+    def __init__(self, chains: Sequence[MarkovChain]) -> None:
+        n, v = chains[0].num_tokens, chains[0].vocab_size
+        self.first = torch.stack([c.first for c in chains])  # [B, V]
+        # transitions padded with zeros for positions beyond the image
+        self.trans = torch.zeros(len(chains), n + 1, v, v)
+        self.trans[:, :n] = torch.stack([c.transitions for c in chains])
+        self.n = n
+        self.kept = 0  # image tokens whose "cache" is kept
+        self.positions: Optional[torch.Tensor] = None  # image position each node of the last pass predicts
+
+    def prefill(self) -> torch.Tensor:
+        return self.first.clone()
+
+    def forward(self, tokens, depths, attend):
+        # node i holds image token kept + (ancestors incl. itself) - 1 and predicts the next one
+        self.positions = self.kept + attend.sum(-1)
+        pos = self.positions.clamp(max=self.n)
+        return self.trans[:, pos, tokens]  # [B, S, V]
+
+    def keep(self, nodes):
+        self.kept += len(nodes) if nodes else 0
+        self.positions = None
+
+    def close(self):
+        self.kept = 0
+
+
+class MarkovModel(TokenModel):
+    """A TokenModel over Markov chains: one per prompt, looked up by the prompt's ids."""
+
+    def __init__(self, chains_by_prompt: Dict[Tuple[int, ...], MarkovChain]) -> None:
+        self.chains_by_prompt = chains_by_prompt
+        self.vocab_size = next(iter(chains_by_prompt.values())).vocab_size
+
+    @property
+    def device(self):
+        return torch.device("cpu")
+
+    def open_session(self, prompts):
+        return MarkovSession([self.chains_by_prompt[tuple(p.tolist())] for p in prompts])
+
+
+def draw_sequences(model, prompt, num_tokens, config, samples, uncond=None, allowed=None, seed0=0,
+                   passes: Optional[List] = None) -> torch.Tensor:
+    """samples x num_tokens sampled tokens (long); the runs' pass records go to `passes`."""
+    out = torch.empty(samples, num_tokens, dtype=torch.long)
+    for s in range(samples):
+        result = sp.sample_tokens(model, prompt, num_tokens, config=config, seed=seed0 + s,
+                                  uncond_prompt_ids=uncond, allowed_tokens=allowed)
+        out[s] = result.tokens
+        if passes is not None:
+            passes.extend(result.stats.records[1:])
+    return out
+
+
+def markov_marginal_pvalue(tokens: torch.Tensor, p0: torch.Tensor, trans: torch.Tensor) -> Tuple[float, str]:
+    """Bonferroni-combined chi-square p-value of every adjacent pair's joint (x_t, x_t+1) table
+    against its exact value, and the name of the worst table.
+
+    The pairs' tables determine every per-position marginal and every conditional, which is
+    where a wrong sibling law or a wrong residual shows. Cells expecting < 5 are pooled.
+    """
+    n_samples, n = tokens.shape
+    v = p0.shape[0]
+    marginal = p0
+    worst, worst_name = 1.0, ""
+    for t in range(n - 1):
+        exact = (marginal.unsqueeze(-1) * trans[t + 1]).reshape(-1)  # [V * V]
+        observed = torch.bincount(tokens[:, t] * v + tokens[:, t + 1], minlength=v * v).double()
+        assert bool((observed[exact == 0] == 0).all()), f"pair ({t}, {t + 1}): sampled an impossible pair"
+        expected = exact * n_samples
+        big = expected >= 5
+        obs = torch.cat([observed[big], observed[~big].sum().reshape(1)])
+        exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
+        keep = exp > 0
+        obs, exp = obs[keep], exp[keep]
+        p_value = float(scipy_stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+        if p_value < worst:
+            worst, worst_name = p_value, f"pair ({t}, {t + 1})"
+        marginal = marginal @ trans[t + 1]
+    return min(1.0, worst * (n - 1)), worst_name
+
+
+def side_branch_share(records) -> float:
+    """Share of the passes that carried a PD tree in which a side branch (candidate > 0) won."""
+    tree_passes = [r for r in records if r.tree_nodes > 0]
+    if not tree_passes:
+        return 0.0
+    return sum(any(b > 0 for b in r.branch) for r in tree_passes) / len(tree_passes)
+
+
+# --- planted faults: known sampler bugs, switched on in tests only ----------------------------
+#
+# Each fault replaces ONE function (a "seam") of the product for the duration of a `with` block.
+# The seam is named once, here, by module and attribute; a module-level function is replaced in
+# its module and in every loaded sjd_pac_core module that imported it by name (so callers that
+# did `from ..sampling.tree import tree_position_ids` see the fault too). The context yields a
+# call counter: a fault whose seam never ran proves nothing, and the tests assert it ran.
+
+def _tempered_siblings(original):
+    def faulty(q, k, exclude, generator):  # draws from softmax(0.3 log q), the sampler still believes q
+        return original(torch.softmax(0.3 * torch.log(q), dim=-1), k, exclude, generator)
+    return faulty
+
+
+def _top_k_siblings(original):
+    def faulty(q, k, exclude, generator):  # the K-1 most likely tokens of q after the first, deterministically
+        if k <= 0:
+            return torch.empty(0, dtype=torch.long, device=q.device)
+        logq = torch.log(q).clone()
+        logq[exclude] = float("-inf")
+        return torch.topk(logq, k).indices
+    return faulty
+
+
+def _positions_ignore_padding(original):
+    def faulty(depths, root_positions):  # every row counts positions as the unpadded (longest) row does
+        return original(depths, root_positions.max().expand_as(root_positions))
+    return faulty
+
+
+def _padding_unmasked(original):
+    def faulty(attend, key_valid, dtype):  # left-padding columns of the cache stay visible
+        return original(attend, torch.ones_like(key_valid), dtype)
+    return faulty
+
+
+def _always_window_1(original):
+    def faulty(self):
+        return 1
+    return faulty
+
+
+FAULTS = {
+    # name: (module, attribute ("Class.method" for a method), wrapper(original) -> faulty)
+    "pd_tempered_siblings": ("sjd_pac_core.sampling.rules", "sample_without_replacement", _tempered_siblings),
+    "pd_topk_siblings": ("sjd_pac_core.sampling.rules", "sample_without_replacement", _top_k_siblings),
+    "cfg_positions_ignore_padding": ("sjd_pac_core.sampling.tree", "tree_position_ids", _positions_ignore_padding),
+    "padding_columns_unmasked": ("sjd_pac_core.sampling.tree", "tree_attention_mask", _padding_unmasked),
+    "auto_window_always_1": ("sjd_pac_core.engine.window", "AutoWindow.next_window", _always_window_1),
+}
+
+
+class FaultCalls:
+    """How often the planted fault's seam ran inside the block."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+@contextlib.contextmanager
+def planted_fault(name: str) -> Iterator[FaultCalls]:
+    """Plant the named known bug (see FAULTS) inside the block; yields its call counter."""
+    module_name, attribute, make_faulty = FAULTS[name]
+    module = importlib.import_module(module_name)
+    owner_path, _, attr = attribute.rpartition(".")
+    owner = functools.reduce(getattr, owner_path.split("."), module) if owner_path else module
+    if not hasattr(owner, attr):
+        raise AssertionError(f"fault {name}: the seam {module_name}.{attribute} is gone; re-target FAULTS")
+    original = getattr(owner, attr)
+    calls = FaultCalls()
+    faulty = make_faulty(original)
+
+    @functools.wraps(original)
+    def counted(*args, **kwargs):
+        calls.count += 1
+        return faulty(*args, **kwargs)
+
+    targets = [owner]
+    if not owner_path:  # a module-level function: also where it was imported by name
+        targets += [m for key, m in list(sys.modules.items())
+                    if key.startswith("sjd_pac_core") and m is not owner and getattr(m, attr, None) is original]
+    with pytest.MonkeyPatch.context() as patch:
+        for target in targets:
+            patch.setattr(target, attr, counted)
+        yield calls

@@ -19,11 +19,17 @@ import torch
 import sjd_pac_core as sp
 import sjd_pac_core.sampling.rules as rules
 from exactness_tools import (
+    MarkovChain,
+    MarkovModel,
     TableModel,
     compare,
     conditional_logits,
     draw_samples,
+    draw_sequences,
     exact_joint,
+    markov_marginal_pvalue,
+    planted_fault,
+    side_branch_share,
     tiny_causal_lm,
 )
 from sjd_pac_core.sampling.recipe import TokenConstraints
@@ -124,3 +130,65 @@ def test_negative_control_planted_bug_is_caught(tiny, monkeypatch, patch, config
     assert p_value < P_VALUE_MIN or tv > TV_FACTOR * noise, (
         f"planted bug {patch[0]} went unnoticed: p = {p_value:.3f}, tv {tv:.4f}, noise {noise:.4f}"
     )
+
+
+# --- Proactive Drafting with power: the sibling candidates' law must be visible -----------------
+#
+# With a vocabulary of 3 and K = 2 a wrong sibling law barely moves the joint. Here: a Markov
+# chain over 6 tokens whose next token prefers x_(t-1) + 1, then + 2, ... (logits falling by 1 per
+# step, plus position noise). After a redraw at i, the candidates for i+1 were drawn from
+# q = P(. | old x_i) while the target is P(. | new x_i): the first candidate is often rejected and
+# a sibling accepted (a side branch wins in about 40-60 % of the passes that carry a tree). The exact
+# pairwise marginals (x_t, x_t+1) follow from the transition matrices; every adjacent pair's
+# table is tested (chi-square, Bonferroni over the pairs).
+
+PD_V, PD_N = 6, 6
+PD_RAMP = (2.0, 1.0, 0.0, -1.0, -2.0, -3.0)
+PD_PROMPT = torch.tensor([0])
+SIDE_BRANCH_SHARE_MIN = 0.2
+P_VALUE_PLANTED_MAX = 1e-6
+
+PD_CASES = {
+    "K3_one_level": (sp.SamplerConfig(method="sjd_pac", window=8, tree_width=3, tree_depth=2), 1500),
+    "K3_two_levels": (sp.SamplerConfig(method="sjd_pac", window=8, tree_width=3, tree_depth=3), 1500),
+    "K4_one_level": (sp.SamplerConfig(method="sjd_pac", window=8, tree_width=4, tree_depth=2), 1500),
+    "K4_two_levels_top_k": (
+        sp.SamplerConfig(method="sjd_pac", window=8, tree_width=4, tree_depth=3, top_k=5), 1500,
+    ),
+}
+# The planted sibling bugs run on the one-level K = 4 tree (three siblings per level, the most
+# power per sample); samples such that p < 1e-6 with margin over seeds.
+PLANTED_SIBLING_CASE = "K4_one_level"
+PLANTED_SIBLING_SAMPLES = {"pd_tempered_siblings": 2000, "pd_topk_siblings": 2000}
+
+
+def pd_chain() -> MarkovChain:
+    return MarkovChain.shifted(PD_V, PD_N, PD_RAMP, seed=0)
+
+
+def pd_check(config: sp.SamplerConfig, samples: int, seed0: int = 0):
+    """(Bonferroni p-value, worst pair, share of tree passes won by a side branch)."""
+    chain = pd_chain()
+    p0, trans = chain.processed(config)
+    passes: list = []
+    tokens = draw_sequences(MarkovModel({(0,): chain}), PD_PROMPT, PD_N, config, samples, seed0=seed0,
+                            passes=passes)
+    p_value, worst = markov_marginal_pvalue(tokens, p0, trans)
+    return p_value, worst, side_branch_share(passes)
+
+
+@pytest.mark.parametrize("name", list(PD_CASES))
+def test_proactive_drafting_with_side_branches_matches_exact_marginals(name):
+    config, samples = PD_CASES[name]
+    p_value, worst, share = pd_check(config, samples)
+    assert share >= SIDE_BRANCH_SHARE_MIN, f"{name}: side branches won only {share:.0%} of tree passes"
+    assert p_value > P_VALUE_MIN, f"{name}: p = {p_value:.2e} at {worst} (side-branch share {share:.0%})"
+
+
+@pytest.mark.parametrize("fault", list(PLANTED_SIBLING_SAMPLES))
+def test_planted_sibling_bug_is_caught(fault):
+    config, _ = PD_CASES[PLANTED_SIBLING_CASE]
+    with planted_fault(fault) as calls:
+        p_value, worst, share = pd_check(config, PLANTED_SIBLING_SAMPLES[fault], seed0=10**6)
+    assert calls.count > 0, f"the seam of {fault} never ran; re-target it in exactness_tools.FAULTS"
+    assert p_value < P_VALUE_PLANTED_MAX, f"planted bug {fault} went unnoticed: p = {p_value:.2e} at {worst}"

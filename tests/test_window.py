@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 import sjd_pac_core as sp
-from exactness_tools import seed_exact_lm
+from exactness_tools import MarkovChain, MarkovModel, planted_fault, seed_exact_lm
 from sjd_pac_core.engine.window import AutoWindow, CostCurve
+
+# A GPU-like cost: passes of up to ~64 nodes cost about as much as one token, then linear.
+CHEAP_PASSES = CostCurve((1, 16, 64, 128), (1.0, 1.02, 1.25, 2.5))
 
 
 def test_cost_curve_interpolates_and_extrapolates():
@@ -45,4 +50,92 @@ def test_auto_window_keeps_the_ar_tokens():
         auto = sp.sample_tokens(lm, prompt, 100, seed=seed,
                                 config=sp.SamplerConfig(method="sjd_pac", window="auto", verify="gumbel"))
         assert torch.equal(ar.tokens, auto.tokens)
-        assert len({r.window for r in auto.stats.records[1:]}) >= 1
+        records = auto.stats.records
+        away_from_the_end = [r.window for r, before in zip(records[1:], records) if 100 - before.total_committed > 16]
+        assert set(away_from_the_end) != {16}, "the auto window never moved from its start value"
+
+
+# --- the policy adapts: long windows where drafts survive, L = 1 where they never do ----------
+
+def picked_windows(policy: AutoWindow, accept: float, passes: int = 60, seed: int = 0) -> list:
+    """Drive the policy with passes whose drafts are each accepted with probability `accept`
+    (the accepted run is geometric, cut at the window); return the window it picked each time."""
+    rng = random.Random(seed)
+    picked = []
+    for _ in range(passes):
+        window = policy.next_window()
+        picked.append(window)
+        run = 0
+        while run < window and rng.random() < accept:
+            run += 1
+        policy.observe(run, censored=run == window, window=window)
+    return picked
+
+
+def long_window_share(windows: list) -> float:
+    return sum(w > 1 for w in windows) / len(windows)
+
+
+def test_high_acceptance_and_cheap_passes_choose_long_windows():
+    windows = picked_windows(AutoWindow(CHEAP_PASSES), accept=0.95)
+    assert long_window_share(windows) >= 0.9, windows
+    assert sorted(windows)[len(windows) // 2] >= 16, windows
+
+
+def test_every_draft_rejected_chooses_a_window_of_one():
+    windows = picked_windows(AutoWindow(CHEAP_PASSES), accept=0.0)
+    assert windows[0] == 16  # the start value, before any pass was seen
+    assert all(w == 1 for w in windows[1:]), windows
+
+
+def test_window_grows_with_acceptance():
+    medians = []
+    for accept in (0.3, 0.7, 0.95):
+        windows = picked_windows(AutoWindow(CostCurve((1, 128), (1.0, 6.0))), accept=accept, passes=80)
+        medians.append(sorted(windows)[len(windows) // 2])
+    assert medians[0] < medians[1] < medians[2], medians
+
+
+def _iid_chain(num_tokens: int) -> MarkovChain:
+    """Every token i.i.d. and peaked (97 % on token 0): the stale proposal equals the target,
+    so every draft is accepted."""
+    first = torch.tensor([4.0, 0.0, 0.0, 0.0])
+    return MarkovChain(first, first.expand(num_tokens, 4, 4).clone())
+
+
+def _never_right_chain(num_tokens: int) -> MarkovChain:
+    """x_t = x_(t-1) + 1 mod 4: a draft made in any other context is wrong, so every draft after
+    the first pass is rejected (no other token has any mass, so PD has no siblings to offer)."""
+    step = torch.full((4, 4), float("-inf"))
+    step[torch.arange(4), (torch.arange(4) + 1) % 4] = 0.0
+    return MarkovChain(torch.zeros(4), step.expand(num_tokens, 4, 4).clone())
+
+
+def sampled_windows(chain: MarkovChain, seed: int = 0) -> list:
+    model = MarkovModel({(0,): chain})
+    config = sp.SamplerConfig(method="sjd_pac", window="auto", tree_width=2)
+    out = sp.sample_tokens(model, torch.tensor([0]), chain.num_tokens, config=config, seed=seed)
+    remaining = [chain.num_tokens - r.total_committed for r in out.stats.records]
+    # the window of each pass that had more than one token left to fill (the end caps L)
+    return [r.window for r, left in zip(out.stats.records[1:], remaining) if left > 1]
+
+
+def test_sample_tokens_uses_long_windows_where_drafts_are_accepted():
+    windows = sampled_windows(_iid_chain(400))
+    assert long_window_share(windows) >= 0.8, windows
+
+
+def test_sample_tokens_uses_a_window_of_one_where_drafts_are_rejected():
+    # The drafts a pass already carries (Adaptive Continuation) stay in the window, so after the
+    # policy drops to L = 1 the window drains by one per pass instead of at once.
+    windows = sampled_windows(_never_right_chain(120))
+    assert sum(w <= 2 for w in windows) >= 0.8 * len(windows), windows
+
+
+def test_planted_auto_window_always_1_is_caught():
+    with planted_fault("auto_window_always_1") as calls:
+        policy_windows = picked_windows(AutoWindow(CHEAP_PASSES), accept=0.95)
+        run_windows = sampled_windows(_iid_chain(400))
+    assert calls.count > 0
+    assert long_window_share(policy_windows) < 0.9
+    assert long_window_share(run_windows) < 0.8

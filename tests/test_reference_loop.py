@@ -1,0 +1,146 @@
+"""An independent reference for what the seed-exact tests share with AR.
+
+The seed-exact tests compare SJD / SJD-PAC with our own AR, so a bug they share with AR (CFG
+position ids, left padding, attention masks, constraints) passes them. Here the reference is a
+naive loop that runs the unmodified transformers model on the full sequence at every step: no
+KV cache, no tree, no padding (the conditional and the unconditional prompt each run on their
+own), through the same recipe and the gumbel rule. Our AR and SJD-PAC tokens must equal it for
+every family, with CFG on and off; planted position-id and mask bugs must make it fail.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import pytest
+import torch
+
+import sjd_pac_core as sp
+from exactness_tools import planted_fault
+from sjd_pac_core.models import lumina_mgpt
+from sjd_pac_core.sampling.recipe import SamplingRecipe, TokenConstraints, process
+from sjd_pac_core.sampling.verify import gumbel_argmax, gumbel_noise
+from tiny_checkpoints import BUILDERS
+
+torch.set_num_threads(1)
+
+FAMILIES = ["demo", "lumina_mgpt", "emu3", "janus"]
+PROMPT = "a red cat on the blue field"
+DEMO_TOKENS = 40  # the demo's first rows (2 rows + 6 codes, with their end-of-line tokens)
+SEED = 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tiny_lumina_sizes():
+    # The tiny Lumina checkpoint runs at 96x96 / 64x64 (as in test_adapters.py).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lumina_mgpt, "LUMINA_SIZES", (96, 64))
+        yield
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, demo_model) -> Dict[str, object]:
+    root = tmp_path_factory.mktemp("reference_loop_checkpoints")
+    out = {"demo": demo_model}
+    for family in FAMILIES[1:]:
+        out[family] = sp.load_model(BUILDERS[family](root / family), dtype="fp32", device="cpu")
+    return out
+
+
+def _first_tokens(constraints: TokenConstraints, n: int) -> TokenConstraints:
+    allowed = constraints.allowed if constraints.allowed.dim() == 1 else constraints.allowed[:n]
+    return TokenConstraints(constraints.vocab_size, n, allowed=allowed, forced=constraints.forced[:n])
+
+
+def _encode(model):
+    enc = model.encode_prompt(PROMPT)
+    constraints = enc.constraints
+    if model.family == "demo":
+        constraints = _first_tokens(constraints, DEMO_TOKENS)
+    return enc, constraints
+
+
+@torch.no_grad()
+def _full_forward_logits(model, prompt: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token logits [V] over the sampler's token space: one plain forward of the whole
+    sequence (prompt + image tokens so far) through the unmodified transformers model."""
+    if model.family == "janus":
+        hf = model.model
+        embeds = torch.cat([hf.get_input_embeddings()(prompt), hf.prepare_embeddings_for_image_generation(tokens)])
+        hidden = hf.model.language_model(inputs_embeds=embeds[None]).last_hidden_state[0, -1]
+        return hf.model.generation_head(hidden)
+    if model.family == "demo":
+        return model.demo.model(input_ids=torch.cat([prompt, tokens])[None]).logits[0, -1]
+    # Chameleon's forward overwrites image-token logits; take the hidden state through lm_head.
+    hf, space = model.model, model.token_model.token_space
+    hidden = hf.model(input_ids=torch.cat([prompt, space[tokens]])[None]).last_hidden_state[0, -1]
+    return hf.lm_head(hidden)[space]
+
+
+def reference_tokens(model, config: sp.SamplerConfig, seed: int) -> torch.Tensor:
+    """Plain AR by full forwards, one step at a time, under the gumbel rule."""
+    enc, constraints = _encode(model)
+    recipe = SamplingRecipe(config.cfg_scale, config.temperature, config.top_k, config.top_p)
+    prompts = [enc.prompt_ids] + ([enc.uncond_ids] if config.uses_cfg else [])
+    vocab = model.token_model.vocab_size
+    tokens = torch.zeros(0, dtype=torch.long)
+    for t in range(constraints.num_tokens):  # the naive reference: one step per token
+        logits = torch.stack([_full_forward_logits(model, p, tokens) for p in prompts])[:, None]
+        pos = torch.tensor([t])
+        p_t = process(logits, pos, recipe, constraints)
+        tokens = torch.cat([tokens, gumbel_argmax(p_t, gumbel_noise(seed, pos, vocab))])
+    return tokens
+
+
+_REFERENCE: Dict[tuple, torch.Tensor] = {}
+
+
+def expected_tokens(model, cfg_scale: float) -> torch.Tensor:
+    """The naive loop's tokens for the AR config at SEED, computed once per family and scale."""
+    key = (model.family, cfg_scale)
+    if key not in _REFERENCE:
+        _REFERENCE[key] = reference_tokens(model, config_for(model, "ar", cfg_scale), SEED)
+    return _REFERENCE[key]
+
+
+def sampler_tokens(model, config: sp.SamplerConfig, seed: int) -> torch.Tensor:
+    enc, constraints = _encode(model)
+    return sp.sample_tokens(model, enc.prompt_ids, constraints.num_tokens, config=config, seed=seed,
+                            uncond_prompt_ids=enc.uncond_ids, allowed_tokens=constraints).tokens
+
+
+def config_for(model, method: str, cfg_scale: float, **kw) -> sp.SamplerConfig:
+    return model.defaults.sampler_config(method=method, verify="gumbel", cfg_scale=cfg_scale, top_k=20, **kw)
+
+
+@pytest.mark.parametrize("cfg_scale", [1.0, 3.0], ids=["cfg_off", "cfg_on"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ar_and_sjd_pac_equal_the_naive_full_forward_loop(models, family, cfg_scale):
+    model = models[family]
+    expected = expected_tokens(model, cfg_scale)
+    assert torch.equal(sampler_tokens(model, config_for(model, "ar", cfg_scale), SEED), expected), (
+        f"{family}: AR differs from the naive full-forward loop"
+    )
+    pac = config_for(model, "sjd_pac", cfg_scale, window=8, tree_width=3)
+    assert torch.equal(sampler_tokens(model, pac, SEED), expected), (
+        f"{family}: SJD-PAC differs from the naive full-forward loop"
+    )
+
+
+def test_the_reference_families_pad_the_unconditional_row(models):
+    """The planted-bug controls below need left padding: the unconditional prompt is shorter."""
+    for family in ("demo", "lumina_mgpt"):
+        enc, _ = _encode(models[family])
+        assert enc.uncond_ids.shape[0] < enc.prompt_ids.shape[0], family
+
+
+@pytest.mark.parametrize("fault", ["cfg_positions_ignore_padding", "padding_columns_unmasked"])
+@pytest.mark.parametrize("family", ["demo", "lumina_mgpt"])
+def test_planted_position_and_mask_bugs_fail_the_reference(models, family, fault):
+    model = models[family]
+    config = config_for(model, "ar", 3.0)
+    expected = expected_tokens(model, 3.0)
+    with planted_fault(fault) as calls:
+        faulty = sampler_tokens(model, config, SEED)
+    assert calls.count > 0, f"the seam of {fault} never ran; re-target it in exactness_tools.FAULTS"
+    assert not torch.equal(faulty, expected), f"{family}: planted bug {fault} matched the reference"

@@ -683,12 +683,12 @@ def _paired(runs: Sequence[RunRecord], numerator: str, denominator: str) -> List
 
 
 def rule_comparison(runs: Sequence[RunRecord], summary: Dict[str, dict]) -> List[dict]:
-    """Every (variant, window, compiled) run under both rules: step compression of each and the
+    """Every windowed (variant, window, compiled) row run under both rules: step compression of each and the
     paired latency ratio rejection / gumbel (> 1: gumbel faster)."""
     rows = []
     for key in summary:
         spec = _spec(key)
-        if spec is None or spec.verify != "gumbel":
+        if spec is None or spec.verify != "gumbel" or spec.is_ar:  # AR rows compress nothing
             continue
         twin = MethodSpec(spec.variant, spec.window, "rejection", spec.compiled).key
         if twin not in summary:

@@ -134,6 +134,11 @@ def image_token_ids(shape: Shape, device: torch.device) -> torch.Tensor:
     return torch.arange(shape.vocab - shape.image_vocab, shape.vocab, device=device)
 
 
+def text_vocab(shape: Shape) -> int:
+    """Prompt ids are drawn below the image block and Chameleon's <image> placeholder id."""
+    return shape.vocab - shape.image_vocab - 1
+
+
 @torch.inference_mode()
 def window_cost_curve(model, shape: Shape, windows: Sequence[int], context: int, rows: int, rounds: int,
                       device: torch.device, seed: int = 0) -> Dict[str, object]:
@@ -146,7 +151,7 @@ def window_cost_curve(model, shape: Shape, windows: Sequence[int], context: int,
     backbone = model.model
     largest = max(windows)
     cache = StaticCache(config=model.config, max_cache_len=context + largest)
-    prompt = torch.randint(0, shape.vocab, (rows, context), generator=g).to(device)
+    prompt = torch.randint(0, text_vocab(shape), (rows, context), generator=g).to(device)
     backbone(input_ids=prompt, cache=cache, use_cache=True)
     draft = ids[torch.randint(0, shape.image_vocab, (rows, largest), generator=g).to(device)]
 
@@ -188,7 +193,7 @@ def sampler_overhead(model, shape: Shape, methods: Sequence[str], tokens: int, c
 
     g = torch.Generator().manual_seed(seed)
     adapter = CausalLMAdapter(model, token_space=image_token_ids(shape, device))
-    prompt = torch.randint(0, shape.vocab, (shape.context - tokens,), generator=g)
+    prompt = torch.randint(0, text_vocab(shape), (shape.context - tokens,), generator=g)
     uncond = prompt[:8].clone()
     from ..config import SamplerConfig
 

@@ -244,7 +244,8 @@ def markdown_report(result: Dict[str, object]) -> str:
     lines = [f"# GPU benchmark ({result['environment'].get('gpu') or result['environment']['device']}, "
              f"{result['dtype']}, torch {result['environment']['torch']}, {result['environment']['date_utc']})", ""]
     for shape in result["shapes"]:
-        lines.append(f"## {shape['shape']['note']}: {shape['shape']['layers']} layers, hidden {shape['shape']['hidden']}, "
+        info = shape["shape"]
+        lines.append(f"## {info['note']}: {info['layers']} layers, hidden {info['hidden']}, "
                      f"{shape['shape']['image_vocab']} image codes, random weights")
         curves = shape["curves"]
         head = "| L | " + " | ".join(f"ms @ ctx {c['context']} | t(L)/t(1)" for c in curves) + " |"
@@ -276,7 +277,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--overhead-tokens", type=int, default=None, help="image tokens per overhead run (256; tiny 8)")
     p.add_argument("--overhead-methods", default="ar,sjd@32,sjd-pac@32,sjd-pac@64,sjd-pac@64:gumbel")
     p.add_argument("--compile", action="store_true", help="add compiled rows (SamplerConfig(compile=True))")
-    p.add_argument("--demo-methods", default=None, help="demo rows (default: the baselines preset; tiny: ar,generate,sjd-pac@16)")
+    p.add_argument("--demo-methods", default=None,
+                   help="demo rows (default: the baselines preset; tiny: ar,generate,sjd-pac@16)")
     p.add_argument("--demo-prompts", type=int, default=None, help="demo prompts (default 20; tiny 1)")
     p.add_argument("--demo-seeds", default="0")
     p.add_argument("--no-demo", action="store_true")

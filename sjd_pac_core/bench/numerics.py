@@ -151,7 +151,8 @@ def markdown_report(result: Dict[str, object]) -> str:
         "|---|---|---|---|",
         f"| fp32 vs bf16 | {tf['decisions']} | {tf['flips_fp32_vs_bf16']} | {tf['flip_rate_fp32_vs_bf16']:.2e} |",
         f"| fp32 whole-sequence forward vs fp32 AR (one token per pass) | {tf['decisions']} | "
-        f"{tf['flips_fp32_whole_vs_incremental']} | {tf['flips_fp32_whole_vs_incremental'] / max(1, tf['decisions']):.2e} |",
+        f"{tf['flips_fp32_whole_vs_incremental']} | "
+        f"{tf['flips_fp32_whole_vs_incremental'] / max(1, tf['decisions']):.2e} |",
         "",
         "| whole images | images | identical | first difference (median position) | flip rate per decision |",
         "|---|---|---|---|---|",

@@ -731,7 +731,8 @@ def seed_exact_agreement(runs: Sequence[RunRecord], base_verify: Optional[str] =
     return out
 
 
-def findings(runs: Sequence[RunRecord], summary: Dict[str, dict], base_verify: Optional[str] = None) -> Dict[str, object]:
+def findings(runs: Sequence[RunRecord], summary: Dict[str, dict],
+             base_verify: Optional[str] = None) -> Dict[str, object]:
     """Auto window vs the best fixed L (paired per prompt and seed), the two rules side by side,
     seed-exact agreement under gumbel, and the project's targets."""
     out: Dict[str, object] = {}

@@ -290,6 +290,7 @@ def test_bench_baselines_and_rules_end_to_end(bench_model_folder, tmp_path):
     assert "transformers generate, gumbel" in md and "rejection / gumbel" in md
 
 
+@pytest.mark.slow  # bf16 matmuls on the CPU: four 272-token generations, ~50 s
 def test_numerics_counts_flips_and_the_teacher_forced_rule_is_ar(bench_model_folder, tmp_path):
     import sjd_pac_core as sp
     from sjd_pac_core.bench.numerics import gumbel_scores

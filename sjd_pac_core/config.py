@@ -82,6 +82,7 @@ class SamplerConfig:
     temperature: float = 1.0
     top_k: Optional[int] = None
     top_p: Optional[float] = None
+    compile: bool = False
 
     def __post_init__(self) -> None:
         # Types first (and numpy scalars turned into Python ones), then the ranges. The dataclass

@@ -183,3 +183,155 @@ def test_permutation_test_is_calibrated_and_sees_a_shift():
     assert min(ps) > 0.01 and np.mean(ps) > 0.3
     shifted = torch.randint(0, 6, (60, 4), generator=g).clamp(min=2)
     assert L.permutation_test(stat, a, shifted, 49, 0, strata, strata)[1] <= 0.02
+
+
+# --- issue 13: honest baselines; issue 15: the rule grid and the fp32/bf16 numerics ------------
+
+
+def test_method_modifiers_presets_and_rule_grid():
+    from sjd_pac_core import SamplerConfig
+    from sjd_pac_core.bench.runner import BASELINE_METHODS, rule_grid, with_rules
+
+    spec = parse_method("sjd-pac@64:gumbel:compile")
+    assert (spec.variant, spec.window, spec.verify, spec.compiled) == ("sjd-pac", 64, "gumbel", True)
+    assert spec.key == "sjd-pac@64:gumbel:compile" and parse_method(spec.key) == spec
+    assert spec.label == "SJD-PAC L=64, gumbel, compiled"
+    c = spec.config(SamplerConfig(verify="rejection"))
+    assert (c.method, c.window, c.verify, c.compile) == ("sjd_pac", 64, "gumbel", True)
+    g = parse_method("generate-static:compile")
+    assert g.is_ar and g.is_generate and g.compiled
+    assert g.config(SamplerConfig()).compile is False  # compiled by transformers, not by our engine
+    assert parse_method("ar:compile").config(SamplerConfig()).compile is True
+    assert parse_method("generate").is_ar and not parse_method("sjd@8").is_ar
+    for bad in ("generate:compile", "generate@8", "sjd@8:gumbel:rejection", "ar:fast", "sjd@8:compile:compile"):
+        with pytest.raises(ValueError):
+            parse_method(bad)
+    assert [s.key for s in parse_methods("baselines")] == BASELINE_METHODS.split(",")
+    assert {s.key for s in parse_methods("baselines")} >= {"generate", "generate-static:compile", "ar",
+                                                           "ar:compile", "sjd-pac@32", "sjd-pac@32:compile"}
+    grid = rule_grid()
+    assert len(grid) == 2 + 4 * 4 * 2 and len({s.key for s in grid}) == len(grid)
+    assert {s.verify for s in grid} == {"rejection", "gumbel"}
+    crossed = with_rules(parse_methods("ar,sjd@8:gumbel"), ["rejection", "gumbel"])
+    assert [s.key for s in crossed] == ["ar:rejection", "ar:gumbel", "sjd@8:gumbel"]
+
+
+def _record(method, prompt, latency, forward=0.5):
+    from sjd_pac_core.bench.runner import RunRecord
+
+    return RunRecord(method=method, prompt_index=prompt, seed=0, order=0, tokens=10, forward_passes=10,
+                     step_compression=1.0, latency_s=latency, sampler_s=latency * 0.9, forward_s=forward,
+                     accept_lengths=[1] * 10, windows=[0] * 10, tree_nodes=0, kept_by_ac=0, token_digest="x")
+
+
+def test_speedups_are_against_the_fastest_ar_row():
+    from sjd_pac_core.bench.runner import fastest_ar, markdown_table, summarise
+
+    runs = []
+    for p, (ar, comp, gen, pac) in enumerate([(4.0, 2.0, 3.0, 1.0), (4.0, 2.2, 3.0, 1.1), (4.0, 1.8, 3.0, 0.9)]):
+        runs += [_record("ar", p, ar), _record("ar:compile", p, comp), _record("generate", p, gen, forward=None),
+                 _record("sjd-pac@32", p, pac)]
+    keys = ["ar", "ar:compile", "generate", "sjd-pac@32"]
+    assert fastest_ar(runs, keys) == "ar:compile"  # SJD-PAC is faster still, but it is not an AR row
+    summary = summarise(runs, keys)
+    assert all(row["speedup_reference"] == "ar:compile" for row in summary.values())
+    assert summary["ar:compile"]["speedup_median"] == 1.0
+    assert math.isclose(summary["sjd-pac@32"]["speedup_median"], 2.0)
+    assert math.isclose(summary["ar"]["speedup_median"], 0.5)
+    assert summary["generate"]["overhead_ms_per_pass"] is None
+    md = markdown_table(summary)
+    assert "vs fastest AR (AR, compiled)" in md and "| - | - |" in md
+    # a planted bug: taking our eager AR as the reference would report 4x, not 2x
+    assert math.isclose(summarise(runs, keys, reference="ar")["sjd-pac@32"]["speedup_median"], 4.0)
+
+
+def test_generate_baseline_does_our_ar_work(bench_model_folder):
+    """transformers' generate with RecipeLogitsProcessor returns our AR's tokens under the gumbel
+    rule (same CFG, constraints, temperature, noise); with a different recipe it does not."""
+    import sjd_pac_core as sp
+    from sjd_pac_core.bench.baselines import GenerateBaseline
+
+    model = sp.load_model(bench_model_folder)
+    prompt = load_prompts("demo", 1)[0]
+    encoding = model.encode_prompt(prompt)
+    config = model.defaults.sampler_config(method="ar", verify="gumbel")
+    assert config.uses_cfg  # the demo's defaults guide: the baseline must do batched CFG
+    ours = sp.sample_tokens(model, encoding.prompt_ids, encoding.layout.num_tokens, config=config, seed=3,
+                            uncond_prompt_ids=encoding.uncond_ids, allowed_tokens=encoding.constraints).tokens
+    for static in (False, True):
+        out = GenerateBaseline(model, static=static, compiled=False, prompt_width=12).generate(encoding, config, 3)
+        assert torch.equal(out.tokens, ours), f"static={static}"
+    control = GenerateBaseline(model, static=False, compiled=False).generate(encoding, config.with_(cfg_scale=1.0), 3)
+    assert not torch.equal(control.tokens, ours)
+
+
+def test_bench_baselines_and_rules_end_to_end(bench_model_folder, tmp_path):
+    out = tmp_path / "grid"
+    rc = main(["bench", "--model", bench_model_folder, "--prompts", "1", "--methods", "generate,ar,sjd-pac@16",
+               "--rules", "rejection,gumbel", "--out", str(out), "--quiet", "--no-warmup", "--no-plots"])
+    assert rc == 0
+    data = json.loads((out / "results.json").read_text())
+    keys = [m["key"] for m in data["methods"]]
+    assert keys == ["generate:rejection", "generate:gumbel", "ar:rejection", "ar:gumbel", "sjd-pac@16:rejection",
+                    "sjd-pac@16:gumbel"]
+    summary, found = data["summary"], data["findings"]
+    ar_rows = [k for k in keys if not k.startswith("sjd")]
+    reference = min(ar_rows, key=lambda k: summary[k]["latency_s"]["median"])
+    assert found["speedup_reference"] == reference and summary[reference]["speedup_median"] == 1.0
+    assert {r["method"] for r in found["rules"]} == {"sjd-pac@16"}  # AR rows have no compression to compare
+    rules = {r["method"]: r for r in found["rules"]}
+    assert math.isclose(rules["sjd-pac@16"]["compression_gumbel"], summary["sjd-pac@16:gumbel"]["step_compression"])
+    assert found["seed_exact"]["generate:gumbel"] == {"against": "ar:gumbel", "pairs": 1, "identical": 1}
+    assert found["seed_exact"]["sjd-pac@16:gumbel"]["identical"] == 1
+    for r in data["runs"]:
+        assert (r["forward_s"] is None) == r["method"].startswith("generate")
+    assert set(data["histograms"]) == set(keys)
+    md = (out / "results.md").read_text()
+    assert "transformers generate, gumbel" in md and "rejection / gumbel" in md
+
+
+@pytest.mark.slow  # bf16 matmuls on the CPU: four 272-token generations, ~50 s
+def test_numerics_counts_flips_and_the_teacher_forced_rule_is_ar(bench_model_folder, tmp_path):
+    import sjd_pac_core as sp
+    from sjd_pac_core.bench.numerics import gumbel_scores
+
+    out = tmp_path / "numerics"
+    rc = main(["bench", "--numerics", "--model", bench_model_folder, "--prompts", "1", "--methods", "sjd@16",
+               "--out", str(out), "--quiet"])
+    assert rc == 0
+    data = json.loads((out / "numerics.json").read_text())
+    tf = data["teacher_forced"]
+    assert tf["decisions"] == 256  # 16 x 16 free positions (the 16 end-of-lines are forced)
+    assert tf["flips_fp32_whole_vs_incremental"] == 0  # fp32: the rule replayed on AR's tokens is AR
+    assert 0 <= tf["flips_fp32_vs_bf16"] <= tf["decisions"] and len(tf["gap_at_flips"]) == tf["flips_fp32_vs_bf16"]
+    assert data["images"]["sjd@16 vs ar (fp32)"]["identical"] == 1
+    assert set(data["images"]) == {"ar fp32 vs ar bf16", "sjd@16 vs ar (bf16)", "sjd@16 vs ar (fp32)"}
+    assert "fp32 vs bf16" in (out / "numerics.md").read_text()
+    # planted bug: the scores of another seed's noise do not reproduce the sample
+    model = sp.load_model(bench_model_folder)
+    encoding = model.encode_prompt(load_prompts("demo", 1)[0])
+    config = model.defaults.sampler_config(method="ar", verify="gumbel")
+    tokens = sp.sample_tokens(model, encoding.prompt_ids, encoding.layout.num_tokens, config=config, seed=0,
+                              uncond_prompt_ids=encoding.uncond_ids, allowed_tokens=encoding.constraints).tokens
+    assert torch.equal(gumbel_scores(model, encoding, tokens, config, seed=0).argmax(-1), tokens)
+    assert (gumbel_scores(model, encoding, tokens, config, seed=1).argmax(-1) != tokens).sum() > 50
+
+
+def test_gpu_script_runs_tiny_on_cpu(tmp_path):
+    from sjd_pac_core.bench.hardware import main as gpu_main
+
+    out = tmp_path / "gpu"
+    rc = gpu_main(["--tiny", "--device", "cpu", "--out", str(out), "--max-window", "4", "--rounds", "1",
+                   "--overhead-methods", "ar,sjd-pac@8", "--demo-methods", "ar,generate"])
+    assert rc == 0
+    data = json.loads((out / "gpu_bench.json").read_text())
+    assert [s["shape"]["family"] for s in data["shapes"]] == ["chameleon", "emu3"]
+    for shape in data["shapes"]:
+        assert len(shape["curves"]) == 2  # half-way through the image and at its end
+        for curve in shape["curves"]:
+            assert list(curve["ratio"]) == ["1", "2", "3", "4"] and curve["ratio"]["1"] == 1.0
+            assert all(v > 0 for v in curve["ms"].values())
+        assert [r["method"] for r in shape["overhead"]] == ["ar", "sjd-pac@8"]
+        assert all(r["passes"] >= 1 for r in shape["overhead"])
+    assert set(data["demo"]["summary"]) == {"ar", "generate"}
+    assert "t(L)/t(1)" in (out / "gpu_bench.md").read_text()

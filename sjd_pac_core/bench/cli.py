@@ -3,6 +3,10 @@
     sjd-pac bench                                   # demo model, the paper's grid, all demo prompts
     sjd-pac bench --prompts 4 --methods ar,sjd@32,sjd-pac@64,sjd-pac@auto --out runs/quick
     sjd-pac bench --model /models/Lumina-mGPT-7B-768 --prompt-set general --prompts 50 --threads 0
+    sjd-pac bench --methods baselines --prompts 12    # transformers generate, static+compiled, ours eager/compiled
+    sjd-pac bench --methods rules --prompts 8         # rejection vs gumbel: SJD/+AC/+PD/SJD-PAC x L 16/32/64/auto
+    sjd-pac bench --variants sjd,sjd-pac --windows 32 --rules rejection,gumbel --prompts 2
+    sjd-pac bench --numerics --prompts 10 --seeds 0-1  # fp32 vs bf16 token flips under verify=gumbel
     sjd-pac lossless                                # == sjd-pac bench --check-lossless
 
 Writes results.json, results.md and the PNG figures into --out (see docs/benchmark.md).
@@ -19,7 +23,17 @@ from typing import Callable, List, Optional
 
 import torch
 
-from .runner import DEFAULT_METHODS, MethodSpec, load_prompts, parse_methods
+from .runner import (
+    DEFAULT_METHODS,
+    PRESETS,
+    RULE_VARIANTS,
+    RULE_WINDOWS,
+    MethodSpec,
+    load_prompts,
+    parse_methods,
+    rule_grid,
+    with_rules,
+)
 
 LOSSLESS_METHODS = "sjd-pac@64"
 LOSSLESS_PROMPTS = 2
@@ -56,8 +70,16 @@ def _common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=None, help="use only the first N prompts")
     p.add_argument("--seeds", default=None, help="seeds: 0 | 0,1,2 | 0-9 (bench default 0; lossless 0-119)")
     p.add_argument("--methods", default=None,
-                   help=f"comma-separated grid (default: {DEFAULT_METHODS}); sjd+pd / sjd+ac are SJD-PAC "
-                        "with only one of its two parts")
+                   help=f"comma-separated grid or a preset ({', '.join(PRESETS)}, rules); default: paper = "
+                        f"{DEFAULT_METHODS}. sjd+pd / sjd+ac are SJD-PAC with only one of its two parts; "
+                        "generate / generate-static are transformers' generate with our recipe in a logits "
+                        "processor; ':gumbel' / ':rejection' fixes a row's rule, ':compile' compiles it")
+    p.add_argument("--rules", default=None,
+                   help="run every method without its own rule under each of these (rejection,gumbel)")
+    p.add_argument("--variants", default=None,
+                   help=f"rule grid: these variants x --windows x --rules, plus AR (default {','.join(RULE_VARIANTS)})")
+    p.add_argument("--windows", default=None,
+                   help=f"rule grid: windows (default {','.join(RULE_WINDOWS)})")
     p.add_argument("--out", default=None, help="output folder (default runs/bench or runs/lossless)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: repeatable on a shared machine; 0 = torch's default)")
@@ -85,6 +107,8 @@ def add_bench_parser(subparsers, add_sampler_args: Callable[[argparse.ArgumentPa
     bench.add_argument("--no-plots", action="store_true")
     bench.add_argument("--locality-samples", type=int, default=4,
                        help="AR samples for the locality curve (demo model; 0 = skip)")
+    bench.add_argument("--numerics", action="store_true",
+                       help="count fp32 vs bf16 token flips under verify='gumbel' instead (demo model; no timing)")
     bench.add_argument("--check-lossless", action="store_true",
                        help="run the lossless check (two-sample tests vs AR + gumbel identity) instead")
     _lossless_args(bench, in_bench=True)
@@ -103,7 +127,25 @@ def add_bench_parser(subparsers, add_sampler_args: Callable[[argparse.ArgumentPa
 # --- shared setup ------------------------------------------------------------------------------
 
 
+def _split(text: Optional[str]) -> List[str]:
+    return [t.strip().lower() for t in (text or "").split(",") if t.strip()]
+
+
 def _grid_from_args(args, default: str) -> List[MethodSpec]:
+    rules = _split(getattr(args, "rules", None))
+    bad = sorted(set(rules) - {"rejection", "gumbel"})
+    if bad:
+        raise ValueError(f"--rules {args.rules!r}: use rejection, gumbel or both, comma-separated.")
+    variants, windows = _split(getattr(args, "variants", None)), _split(getattr(args, "windows", None))
+    if variants or windows or (args.methods or "").strip().lower() == "rules":
+        if args.methods and args.methods.strip().lower() != "rules":
+            raise ValueError("Give the grid either with --methods or with --variants/--windows, not both.")
+        return rule_grid(variants or RULE_VARIANTS, windows or RULE_WINDOWS, rules or ("rejection", "gumbel"))
+    specs = _grid_single_or_list(args, default)
+    return with_rules(specs, rules) if rules else specs
+
+
+def _grid_single_or_list(args, default: str) -> List[MethodSpec]:
     single = args.method is not None or args.window is not None or args.no_ac or args.no_pd
     if args.methods and single:
         raise ValueError("Give the grid either with --methods or with --method/--window/--no-ac/--no-pd, not both.")
@@ -146,6 +188,8 @@ def _setup(args):
 def _bench(args) -> int:
     if args.check_lossless:
         return _lossless(args)
+    if args.numerics:
+        return _numerics(args)
     from . import plots
     from .runner import acceptance_histogram, measure_locality, run_bench, summarise, write_outputs
 
@@ -200,7 +244,7 @@ def _bench_plots(result, summary, out: Path, args, model, plots, acceptance_hist
         written.append(plots.acceptance_histograms(hists, out / "acceptance_hist.png").name)
     if any("@" in k for k in summary):
         written.append(plots.compression_vs_window(summary, out / "compression_vs_L.png").name)
-    if "ar" in summary and len(summary) > 1:
+    if any(row.get("speedup_median") is not None for row in summary.values()) and len(summary) > 1:
         labels = {k: parse_method(k).label for k in summary}
         written.append(plots.speedup_bars(summary, labels, out / "speedup.png").name)
     if args.locality_samples > 0:
@@ -213,6 +257,31 @@ def _bench_plots(result, summary, out: Path, args, model, plots, acceptance_hist
         elif not args.quiet:
             print("locality curve: only for the demo model (sjd_pac_core.demo.calibrate); skipped")
     return written
+
+
+# --- numerics ----------------------------------------------------------------------------------
+
+
+def _numerics(args) -> int:
+    from .numerics import markdown_report, measure_flips
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompt_set = args.prompt_set or "demo"
+    prompts = load_prompts(prompt_set, args.prompts or 10)
+    seeds = parse_seeds(args.seeds or "0")
+    methods = parse_methods(args.methods or "sjd-pac@32")
+    out = Path(args.out or "runs/numerics")
+    out.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = measure_flips(args.model, prompts, seeds, methods, progress=not args.quiet)
+    (out / "numerics.json").write_text(json.dumps(result, indent=1, default=float))
+    report = markdown_report(result)
+    (out / "numerics.md").write_text(report + "\n")
+    print(report)
+    print(f"wrote {out / 'numerics.json'}, {out / 'numerics.md'}")
+    return 0
 
 
 # --- lossless ----------------------------------------------------------------------------------

@@ -145,7 +145,7 @@ def _legend(draw: ImageDraw.ImageDraw, x: int, y: int, items: Sequence[Tuple[str
 
 
 def _variant(key: str) -> str:
-    return key.split("@", 1)[0]
+    return key.split(":", 1)[0].split("@", 1)[0]
 
 
 def _save(img: Image.Image, path: Union[str, Path]) -> Path:
@@ -212,7 +212,9 @@ def compression_vs_window(summary: Dict[str, dict], path: Union[str, Path]) -> P
     fixed: Dict[str, List[Tuple[int, dict]]] = {}
     auto: Dict[str, dict] = {}
     for key, row in summary.items():
-        variant, _, window = key.partition("@")
+        head, _, modifiers = key.partition(":")  # e.g. sjd-pac@32:gumbel -> its own line
+        variant, _, window = head.partition("@")
+        variant = f"{variant}:{modifiers}" if modifiers else variant
         if window == "auto":
             auto[variant] = row
         elif window:
@@ -241,12 +243,12 @@ def compression_vs_window(summary: Dict[str, dict], path: Union[str, Path]) -> P
             pts = sorted(pts)
             ys = [row.get(field) for _, row in pts]
             if all(y is not None for y in ys):
-                ax.line([w for w, _ in pts], ys, VARIANT_COLORS.get(variant, TEXT))
+                ax.line([w for w, _ in pts], ys, VARIANT_COLORS.get(_variant(variant), TEXT))
         for variant, row in auto.items():
             if row.get(field) is not None:
-                ax.hline(row[field], VARIANT_COLORS.get(variant, TEXT))
-    items = [(v.upper(), VARIANT_COLORS.get(v, TEXT), False) for v in sorted(fixed)]
-    items += [(f"{v.upper()} L=auto", VARIANT_COLORS.get(v, TEXT), True) for v in auto]
+                ax.hline(row[field], VARIANT_COLORS.get(_variant(variant), TEXT))
+    items = [(v.upper(), VARIANT_COLORS.get(_variant(v), TEXT), False) for v in sorted(fixed)]
+    items += [(f"{v.upper()} L=auto", VARIANT_COLORS.get(_variant(v), TEXT), True) for v in auto]
     items += [("AR = 1", VARIANT_COLORS["ar"], True)]
     _legend(draw, 70, 388, items)
     return _save(img, path)

@@ -8,8 +8,9 @@ Every number comes from the `RunStats` of `generate_image` (the one entry point 
 nodes, app and benchmark) plus one external clock around the call:
 
 * latency: wall-clock seconds of the whole `generate_image` call (prompt encoding, sampling,
-  decoding) -- what a user waits. Speedup over AR = AR latency / method latency for the same
-  prompt and seed in the same run, so machine load that hits both cancels out; we report the
+  decoding) -- what a user waits. Speedup = latency of the fastest plain-AR row (ours or
+  transformers' generate, eager or compiled) / method latency for the same prompt and seed in
+  the same run, so machine load that hits both cancels out; we report the
   median over (prompt, seed) pairs and the interquartile range.
 * step compression: image tokens / forward passes (pooled over runs; AR = 1.00x).
 * mean accepted length: tokens committed per verification pass (the prefill pass excluded).
@@ -52,48 +53,98 @@ _VARIANTS = {
     "sjd+pd": ("sjd_pac", False, True, "SJD+PD"),
     "sjd+ac": ("sjd_pac", True, False, "SJD+AC"),
     "sjd-pac": ("sjd_pac", True, True, "SJD-PAC"),
+    # transformers' own generate with our recipe in a logits processor (bench/baselines.py)
+    "generate": ("ar", False, False, "transformers generate"),
+    "generate-static": ("ar", False, False, "transformers generate, static cache"),
 }
 _ALIASES = {"sjd_pac": "sjd-pac", "pac": "sjd-pac", "sjd+pd+ac": "sjd-pac", "sjd+ac+pd": "sjd-pac",
-            "sjd-pd": "sjd+pd", "sjd-ac": "sjd+ac"}
+            "sjd-pd": "sjd+pd", "sjd-ac": "sjd+ac", "hf": "generate", "hf-static": "generate-static"}
+# Plain-AR rows: every latency ratio is taken against the fastest of these in the same run.
+AR_VARIANTS = ("ar", "generate", "generate-static")
+GENERATE_VARIANTS = ("generate", "generate-static")
+_RULES = ("rejection", "gumbel")
+_COMPILE = ("compile", "compiled")
+
+# Issue 13's honest baselines: transformers' generate (dynamic cache; static cache; static cache +
+# torch.compile), our AR, SJD and SJD-PAC, each eager and compiled (SamplerConfig(compile=True)).
+BASELINE_METHODS = ("generate,generate-static,generate-static:compile,ar,ar:compile,sjd@16,sjd@16:compile,"
+                    "sjd-pac@32,sjd-pac@32:compile")
+# Issue 15's rule ablation (rejection vs gumbel), as --variants/--windows/--rules give it.
+RULE_VARIANTS = ("sjd", "sjd+ac", "sjd+pd", "sjd-pac")
+RULE_WINDOWS = ("16", "32", "64", "auto")
+PRESETS = {"paper": DEFAULT_METHODS, "baselines": BASELINE_METHODS}
 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One column of the grid: a variant and a window (None for AR)."""
+    """One column of the grid: a variant, a window (None for AR rows), optionally its own
+    verification rule (None: the base config's) and compilation."""
 
-    variant: str  # ar, sjd, sjd+pd, sjd+ac, sjd-pac
+    variant: str  # ar, sjd, sjd+pd, sjd+ac, sjd-pac, generate, generate-static
     window: Union[int, str, None] = None
+    verify: Optional[str] = None
+    compiled: bool = False
 
     @property
     def key(self) -> str:
-        return self.variant if self.window is None else f"{self.variant}@{self.window}"
+        key = self.variant if self.window is None else f"{self.variant}@{self.window}"
+        return key + (f":{self.verify}" if self.verify else "") + (":compile" if self.compiled else "")
 
     @property
     def label(self) -> str:
         name = _VARIANTS[self.variant][3]
-        return name if self.window is None else f"{name} L={self.window}"
+        name = name if self.window is None else f"{name} L={self.window}"
+        return name + (f", {self.verify}" if self.verify else "") + (", compiled" if self.compiled else "")
+
+    @property
+    def is_ar(self) -> bool:
+        """A plain autoregressive row (ours or transformers'): a candidate reference."""
+        return self.variant in AR_VARIANTS
+
+    @property
+    def is_generate(self) -> bool:
+        return self.variant in GENERATE_VARIANTS
 
     def config(self, base: SamplerConfig) -> SamplerConfig:
         method, ac, pd, _ = _VARIANTS[self.variant]
         changes = dict(method=method, adaptive_continuation=ac, proactive_drafting=pd)
         if self.window is not None:
             changes["window"] = self.window
+        if self.verify is not None:
+            changes["verify"] = self.verify
+        # generate rows compile through transformers (bench/baselines.py), not through our engine
+        changes["compile"] = self.compiled and not self.is_generate
         return base.with_(**changes)
 
 
 def parse_method(text: str) -> MethodSpec:
-    """'ar', 'sjd@32', 'sjd+pd@64', 'sjd+ac@32', 'sjd-pac@64', 'sjd-pac@auto' -> MethodSpec."""
-    name, _, window = text.strip().lower().partition("@")
+    """'ar', 'sjd@32', 'sjd+pd@64', 'sjd-pac@auto', 'generate', 'generate-static:compile',
+    'sjd-pac@64:gumbel', 'ar:compile' -> MethodSpec. Modifiers after ':' are a verification rule
+    (rejection, gumbel) and/or compile."""
+    head, *modifiers = text.strip().lower().split(":")
+    name, _, window = head.partition("@")
     name = _ALIASES.get(name, name)
     if name not in _VARIANTS:
         raise ValueError(
-            f"Unknown method {text!r} in --methods; use ar, sjd@L, sjd+pd@L, sjd+ac@L or sjd-pac@L "
-            "(L an integer or auto), comma-separated."
-        )
-    if name == "ar":
+            f"Unknown method {text!r} in --methods; use ar, generate, generate-static, sjd@L, sjd+pd@L, "
+            "sjd+ac@L or sjd-pac@L (L an integer or auto), optionally with :gumbel / :rejection / :compile, "
+            "comma-separated.")
+    verify, compiled = None, False
+    for modifier in modifiers:
+        if modifier in _RULES and verify is None:
+            verify = modifier
+        elif modifier in _COMPILE and not compiled:
+            compiled = True
+        else:
+            raise ValueError(f"Modifier {modifier!r} in {text!r}: use at most one of :rejection / :gumbel "
+                             "and :compile.")
+    if name == "generate" and compiled:
+        raise ValueError(f"{text!r}: transformers compiles generate only with a static cache; write "
+                         "generate-static:compile.")
+    if name in AR_VARIANTS:
         if window:
-            raise ValueError(f"AR has no window; write 'ar', not {text!r}.")
-        return MethodSpec("ar")
+            raise ValueError(f"{_VARIANTS[name][3]} has no window; write {name!r}, not {text!r}.")
+        return MethodSpec(name, None, verify, compiled)
     if not window:
         raise ValueError(f"Method {text!r} needs a window, e.g. {name}@32 or {name}@auto.")
     if window != "auto":
@@ -103,10 +154,12 @@ def parse_method(text: str) -> MethodSpec:
             raise ValueError(f"Window in {text!r} must be an integer or 'auto'.") from None
         if window < 1:
             raise ValueError(f"Window in {text!r} must be >= 1.")
-    return MethodSpec(name, window)
+    return MethodSpec(name, window, verify, compiled)
 
 
 def parse_methods(text: str) -> List[MethodSpec]:
+    """A comma-separated list of methods, or a preset name: paper (default), baselines."""
+    text = PRESETS.get(text.strip().lower(), text)
     specs = [parse_method(t) for t in text.split(",") if t.strip()]
     if not specs:
         raise ValueError("--methods is empty; give at least one, e.g. ar,sjd-pac@64.")
@@ -114,6 +167,29 @@ def parse_methods(text: str) -> List[MethodSpec]:
     if len(set(keys)) != len(keys):
         raise ValueError(f"--methods names a method twice: {','.join(keys)}.")
     return specs
+
+
+def rule_grid(variants: Sequence[str] = RULE_VARIANTS, windows: Sequence[str] = RULE_WINDOWS,
+              rules: Sequence[str] = _RULES, ar: bool = True) -> List[MethodSpec]:
+    """The cross product variant x window x rule (plus plain AR under each rule): issue 15's
+    ablation of the two verification rules."""
+    items = [f"ar:{r}" for r in rules] if ar else []
+    items += [f"{v}@{w}:{r}" for v in variants for w in windows for r in rules]
+    return parse_methods(",".join(items))
+
+
+def with_rules(specs: Sequence[MethodSpec], rules: Sequence[str]) -> List[MethodSpec]:
+    """Every method without its own rule, once under each of `rules`."""
+    out: List[MethodSpec] = []
+    for spec in specs:
+        if spec.verify is not None:
+            out.append(spec)
+        else:
+            out.extend(MethodSpec(spec.variant, spec.window, rule, spec.compiled) for rule in rules)
+    keys = [s.key for s in out]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"--rules repeats a method already given with its rule: {','.join(keys)}.")
+    return out
 
 
 def load_prompts(source: str, limit: Optional[int] = None) -> List[str]:
@@ -143,8 +219,8 @@ class RunRecord:
     forward_passes: int
     step_compression: float  # RunStats.step_compression
     latency_s: float  # wall clock of the whole generate_image call
-    sampler_s: float  # RunStats.wall_time: sum of the passes' wall times
-    forward_s: float  # RunStats.forward_time
+    sampler_s: float  # RunStats.wall_time: sum of the passes' wall times (generate rows: the generate call)
+    forward_s: Optional[float]  # RunStats.forward_time (None for generate rows: not measured inside it)
     accept_lengths: List[int]  # tokens committed per pass, prefill first
     windows: List[int]  # draft window of each pass (what window="auto" chose)
     tree_nodes: int  # PD side nodes fed over the run
@@ -152,8 +228,8 @@ class RunRecord:
     token_digest: str  # sha1 of the tokens (equal tokens <=> equal digest)
 
     @property
-    def overhead_s(self) -> float:
-        return self.sampler_s - self.forward_s
+    def overhead_s(self) -> Optional[float]:
+        return None if self.forward_s is None else self.sampler_s - self.forward_s
 
 
 def _digest(tokens: torch.Tensor) -> str:
@@ -174,6 +250,39 @@ def run_one(model: ARImageModel, prompt: str, config: SamplerConfig, seed: int, 
         windows=[r.window for r in stats.records], tree_nodes=sum(r.tree_nodes for r in stats.records),
         kept_by_ac=sum(r.kept_by_ac for r in stats.records), token_digest=_digest(result.tokens),
     )
+
+
+def run_generate(model: ARImageModel, baseline, prompt: str, config: SamplerConfig, seed: int,
+                 method: str, prompt_index: int = 0, order: int = 0) -> RunRecord:
+    """One transformers-generate baseline image, timed like generate_image: encode, sample, decode."""
+    import warnings
+
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        encoding = model.encode_prompt(prompt)
+    out = baseline.generate(encoding, config, seed)
+    model.decode(out.tokens.unsqueeze(0), encoding.resolution)
+    latency = time.perf_counter() - start
+    n = int(out.tokens.numel())
+    return RunRecord(
+        method=method, prompt_index=prompt_index, seed=seed, order=order, tokens=n, forward_passes=n,
+        step_compression=1.0, latency_s=latency, sampler_s=out.seconds, forward_s=None,
+        accept_lengths=[1] * n, windows=[0] * n, tree_nodes=0, kept_by_ac=0, token_digest=_digest(out.tokens),
+    )
+
+
+def make_baselines(model: ARImageModel, methods: Sequence[MethodSpec], prompts: Sequence[str]) -> Dict[str, object]:
+    """{key: GenerateBaseline} for the grid's generate rows; raises BaselineUnsupported (one
+    sentence) before any work when the model's family cannot run them."""
+    from .baselines import GenerateBaseline, prompt_width
+
+    specs = [m for m in methods if m.is_generate]
+    if not specs:
+        return {}
+    width = prompt_width(model, prompts)
+    return {m.key: GenerateBaseline(model, static=m.variant == "generate-static", compiled=m.compiled,
+                                    prompt_width=width) for m in specs}
 
 
 # --- the grid --------------------------------------------------------------------------------
@@ -246,7 +355,8 @@ def _cost_curve(model: ARImageModel) -> Optional[Dict[int, float]]:
     from ..engine import window
 
     inner = getattr(model.token_model, "model", model.token_model)
-    for (key, device), curve in window._COST_CACHE.items():
+    cache = getattr(window, "_COST_CACHE", {})  # the engine's cached probe, if this engine has one
+    for (key, device), curve in cache.items():
         if key == id(inner) and device == str(model.device):
             return {n: round(1000 * t, 3) for n, t in zip(curve.sizes, curve.seconds)}
     return None
@@ -276,6 +386,14 @@ def run_bench(
     from tqdm import tqdm
 
     base = base_config or model.defaults.sampler_config()
+    baselines = make_baselines(model, methods, prompts)
+
+    def run(spec: MethodSpec, prompt_index: int, seed: int, order: int) -> RunRecord:
+        if spec.is_generate:
+            return run_generate(model, baselines[spec.key], prompts[prompt_index], spec.config(base), seed,
+                                spec.key, prompt_index, order)
+        return run_one(model, prompts[prompt_index], spec.config(base), seed, spec.key, prompt_index, order)
+
     result = BenchResult(
         model={"family": model.family, "name": getattr(model, "name", "") or model.family},
         environment=environment(model),
@@ -284,7 +402,9 @@ def run_bench(
             "methods": [m.key for m in methods],
             "warmup": warmup,
             "interleaved": "methods back to back per (prompt, seed), order rotated per pair",
-            "latency": "wall clock of generate_image (encode + sample + decode)",
+            "latency": "wall clock of generate_image (encode + sample + decode); generate rows: encode + "
+                       "transformers generate + decode",
+            "reference": "every latency ratio is against the fastest plain-AR row (median latency) of this run",
         },
         methods=list(methods),
         prompts=list(prompts),
@@ -293,7 +413,7 @@ def run_bench(
     t0 = time.perf_counter()
     if warmup:
         for spec in tqdm(methods, desc="warm-up", disable=not progress, leave=False):
-            generate_image(model, prompts[0], config=spec.config(base), seed=10_000_019)
+            run(spec, 0, 10_000_019, 0)  # also compiles the compiled rows, outside the timed runs
         _sync(model)
     result.warmup_s = time.perf_counter() - t0
     curve = _cost_curve(model)
@@ -307,12 +427,12 @@ def run_bench(
         order = list(methods[shift:]) + list(methods[:shift])
         for position, spec in enumerate(order):
             bar.set_description(f"bench {spec.key}")
-            record = run_one(model, prompts[i], spec.config(base), seed, spec.key, i, position)
+            record = run(spec, i, seed, position)
             result.runs.append(record)
             if on_run is not None:
                 on_run(record)
             bar.update(1)
-        ar = [r for r in result.runs if r.method == "ar"]
+        ar = [r for r in result.runs if parse_method(r.method).is_ar]
         best = summarise(result.runs, [m.key for m in methods])
         fastest = max((v for v in best.values() if v.get("speedup_median")), default=None,
                       key=lambda v: v["speedup_median"])
@@ -335,9 +455,28 @@ def _quantiles(values: Sequence[float]) -> Dict[str, float]:
     return {"median": statistics.median(xs), "q25": q[0], "q75": q[2]}
 
 
-def summarise(runs: Sequence[RunRecord], keys: Iterable[str]) -> Dict[str, dict]:
-    """Per method: the table's columns (see the module docstring and docs/benchmark.md)."""
-    ar_latency = {(r.prompt_index, r.seed): r.latency_s for r in runs if r.method == "ar"}
+def fastest_ar(runs: Sequence[RunRecord], keys: Iterable[str]) -> Optional[str]:
+    """The plain-AR row (ours or transformers', eager or compiled) with the lowest median latency."""
+    medians = {}
+    for key in keys:
+        try:
+            is_ar = parse_method(key).is_ar
+        except ValueError:
+            is_ar = False
+        lat = [r.latency_s for r in runs if r.method == key]
+        if is_ar and lat:
+            medians[key] = statistics.median(lat)
+    return min(medians, key=medians.get, default=None)
+
+
+def summarise(runs: Sequence[RunRecord], keys: Iterable[str], reference: Optional[str] = None) -> Dict[str, dict]:
+    """Per method: the table's columns (see the module docstring and docs/benchmark.md).
+
+    Latency speedups are paired per (prompt, seed) against `reference`, by default the fastest
+    plain-AR row of the run (`fastest_ar`)."""
+    keys = list(keys)
+    reference = reference or fastest_ar(runs, keys)
+    ref_latency = {(r.prompt_index, r.seed): r.latency_s for r in runs if r.method == reference}
     out: Dict[str, dict] = {}
     for key in keys:
         rs = [r for r in runs if r.method == key]
@@ -345,8 +484,10 @@ def summarise(runs: Sequence[RunRecord], keys: Iterable[str]) -> Dict[str, dict]
             continue
         tokens = sum(r.tokens for r in rs)
         passes = sum(r.forward_passes for r in rs)
-        fwd = sum(r.forward_s for r in rs)
-        over = sum(r.overhead_s for r in rs)
+        timed = [r for r in rs if r.forward_s is not None]  # generate rows have no forward time
+        timed_passes = sum(r.forward_passes for r in timed)
+        fwd = sum(r.forward_s for r in timed)
+        over = sum(r.overhead_s for r in timed)
         verify = [n for r in rs for n in r.accept_lengths[1:]]  # the prefill always commits one
         lat = _quantiles([r.latency_s for r in rs])
         row = {
@@ -360,21 +501,20 @@ def summarise(runs: Sequence[RunRecord], keys: Iterable[str]) -> Dict[str, dict]
             "tokens_per_second": tokens / sum(r.latency_s for r in rs),
             "mean_accepted_length": sum(verify) / len(verify) if verify else float("nan"),
             "one_token_pass_fraction": sum(1 for n in verify if n == 1) / len(verify) if verify else float("nan"),
-            "overhead_ms_per_pass": 1000.0 * over / passes,
-            "forward_ms_per_pass": 1000.0 * fwd / passes,
-            "overhead_pct_of_forward": 100.0 * over / fwd if fwd > 0 else float("nan"),
+            "overhead_ms_per_pass": 1000.0 * over / timed_passes if timed else None,
+            "forward_ms_per_pass": 1000.0 * fwd / timed_passes if timed else None,
+            "overhead_pct_of_forward": (100.0 * over / fwd if fwd > 0 else float("nan")) if timed else None,
             "outside_sampler_ms_per_image": 1000.0 * sum(r.latency_s - r.sampler_s for r in rs) / len(rs),
             "window_median": statistics.median([w for r in rs for w in r.windows[1:]] or [0]),
+            "speedup_reference": reference,
         }
-        speedups = [ar_latency[(r.prompt_index, r.seed)] / r.latency_s
-                    for r in rs if (r.prompt_index, r.seed) in ar_latency and r.latency_s > 0]
-        if speedups and key != "ar":
+        speedups = [ref_latency[(r.prompt_index, r.seed)] / r.latency_s
+                    for r in rs if (r.prompt_index, r.seed) in ref_latency and r.latency_s > 0]
+        if speedups:  # the reference row itself: exactly 1.0 on every pair
             q = _quantiles(speedups)
             row.update(speedup_median=q["median"], speedup_q25=q["q25"], speedup_q75=q["q75"],
                        speedup_min=min(speedups), speedup_max=max(speedups),
                        slower_than_ar_fraction=sum(1 for s in speedups if s < 1.0) / len(speedups))
-        elif key == "ar":
-            row.update(speedup_median=1.0, speedup_q25=1.0, speedup_q75=1.0)
         out[key] = row
     return out
 
@@ -398,8 +538,14 @@ def _label(key: str) -> str:
         return key
 
 
+def _fmt(value: Optional[float], spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
 def markdown_table(summary: Dict[str, dict]) -> str:
-    head = ("| method | forward passes | step compression | latency s (median) | latency speedup vs AR, "
+    reference = next((row.get("speedup_reference") for row in summary.values()), None)
+    against = f"fastest AR ({_label(reference)})" if reference else "AR"
+    head = (f"| method | forward passes | step compression | latency s (median) | latency speedup vs {against}, "
             "median [IQR] | tokens/s | mean accepted length | 1-token passes | overhead ms/pass | "
             "overhead % of forward |")
     rule = "|" + "---|" * 10
@@ -409,12 +555,12 @@ def markdown_table(summary: Dict[str, dict]) -> str:
             speed = f"{row['speedup_median']:.2f}x [{row['speedup_q25']:.2f}-{row['speedup_q75']:.2f}]"
         else:
             speed = "-"
-        window = f" (median L {row['window_median']:g})" if key.endswith("@auto") else ""
+        window = f" (median L {row['window_median']:g})" if "@auto" in key else ""
         lines.append(
             f"| {_label(key)}{window} | {row['forward_passes_mean']:.1f} | {row['step_compression']:.2f}x | "
             f"{row['latency_s']['median']:.2f} | {speed} | {row['tokens_per_second']:.1f} | "
             f"{row['mean_accepted_length']:.2f} | {100 * row['one_token_pass_fraction']:.0f}% | "
-            f"{row['overhead_ms_per_pass']:.2f} | {row['overhead_pct_of_forward']:.1f}% |"
+            f"{_fmt(row['overhead_ms_per_pass'], '.2f')} | {_fmt(row['overhead_pct_of_forward'], '.1f', '%')} |"
         )
     return "\n".join(lines)
 
@@ -446,7 +592,7 @@ def to_json(result: BenchResult) -> dict:
         "methods": [{"key": m.key, "label": m.label, "variant": m.variant, "window": m.window}
                     for m in result.methods],
         "summary": summary,
-        "findings": findings(result.runs, summary),
+        "findings": findings(result.runs, summary, result.settings["base_config"].get("verify")),
         "histograms": {m.key: acceptance_histogram(result.runs, m.key) for m in result.methods},
         "runs": [dict(asdict(r), overhead_s=r.overhead_s) for r in result.runs],
         "warmup_s": result.warmup_s,
@@ -507,22 +653,93 @@ def measure_locality(model: ARImageModel, samples: int = 4, perturb: int = 16, s
 # --- the questions the benchmark answers --------------------------------------------------------
 
 
-def _best(summary: Dict[str, dict], variant: str, field: str) -> Optional[str]:
-    keys = [k for k in summary if k.split("@")[0] == variant and "@" in k and not k.endswith("@auto")]
-    keys = [k for k in keys if summary[k].get(field) is not None]
+def _spec(key: str) -> Optional[MethodSpec]:
+    try:
+        return parse_method(key)
+    except ValueError:
+        return None
+
+
+def _best(summary: Dict[str, dict], variant: str, field: str, like: Optional[MethodSpec] = None) -> Optional[str]:
+    """The fixed-window row of `variant` with the largest `field` (same rule and compilation as
+    `like` when given)."""
+    keys = []
+    for k in summary:
+        spec = _spec(k)
+        if spec is None or spec.variant != variant or spec.window in (None, "auto"):
+            continue
+        if like is not None and (spec.verify, spec.compiled) != (like.verify, like.compiled):
+            continue
+        if summary[k].get(field) is not None:
+            keys.append(k)
     return max(keys, key=lambda k: summary[k][field], default=None)
 
 
-def findings(runs: Sequence[RunRecord], summary: Dict[str, dict]) -> Dict[str, object]:
-    """Auto window vs the best fixed L (paired per prompt and seed), and the project's targets."""
+def _paired(runs: Sequence[RunRecord], numerator: str, denominator: str) -> List[float]:
+    """latency(numerator) / latency(denominator) per (prompt, seed) both ran."""
+    lat = {(r.method, r.prompt_index, r.seed): r.latency_s for r in runs}
+    return [lat[(numerator, p, s)] / lat[(m, p, s)] for (m, p, s) in lat
+            if m == denominator and (numerator, p, s) in lat]
+
+
+def rule_comparison(runs: Sequence[RunRecord], summary: Dict[str, dict]) -> List[dict]:
+    """Every windowed (variant, window, compiled) row run under both rules: step compression of each and the
+    paired latency ratio rejection / gumbel (> 1: gumbel faster)."""
+    rows = []
+    for key in summary:
+        spec = _spec(key)
+        if spec is None or spec.verify != "gumbel" or spec.is_ar:  # AR rows compress nothing
+            continue
+        twin = MethodSpec(spec.variant, spec.window, "rejection", spec.compiled).key
+        if twin not in summary:
+            continue
+        ratios = _paired(runs, twin, key)
+        q = _quantiles(ratios) if ratios else {"median": None, "q25": None, "q75": None}
+        rows.append({
+            "method": MethodSpec(spec.variant, spec.window, None, spec.compiled).key,
+            "compression_rejection": summary[twin]["step_compression"],
+            "compression_gumbel": summary[key]["step_compression"],
+            "compression_gain": summary[key]["step_compression"] / summary[twin]["step_compression"],
+            "speedup_rejection": summary[twin].get("speedup_median"),
+            "speedup_gumbel": summary[key].get("speedup_median"),
+            "latency_rejection_over_gumbel_median": q["median"], "q25": q["q25"], "q75": q["q75"],
+        })
+    return rows
+
+
+def seed_exact_agreement(runs: Sequence[RunRecord], base_verify: Optional[str] = None) -> Dict[str, dict]:
+    """Under verify='gumbel' every method (transformers' generate with our processor included)
+    must return plain AR's tokens for the same seed: identical (prompt, seed) pairs per row,
+    against our eager AR under gumbel."""
+    def rule(key: str) -> Optional[str]:
+        spec = _spec(key)
+        return None if spec is None else (spec.verify or base_verify)
+
+    ar_keys = [k for k in {r.method for r in runs} if (_spec(k) or MethodSpec("sjd", 1)).variant == "ar"
+               and rule(k) == "gumbel"]
+    if not ar_keys:
+        return {}
+    reference = min(ar_keys, key=lambda k: (_spec(k).compiled, k))  # eager first
+    digest = {(r.prompt_index, r.seed): r.token_digest for r in runs if r.method == reference}
+    out: Dict[str, dict] = {}
+    for key in sorted({r.method for r in runs}):
+        if key == reference or rule(key) != "gumbel":
+            continue
+        pairs = [(r.prompt_index, r.seed) for r in runs if r.method == key and (r.prompt_index, r.seed) in digest]
+        same = sum(1 for r in runs if r.method == key and digest.get((r.prompt_index, r.seed)) == r.token_digest)
+        out[key] = {"against": reference, "pairs": len(pairs), "identical": same}
+    return out
+
+
+def findings(runs: Sequence[RunRecord], summary: Dict[str, dict],
+             base_verify: Optional[str] = None) -> Dict[str, object]:
+    """Auto window vs the best fixed L (paired per prompt and seed), the two rules side by side,
+    seed-exact agreement under gumbel, and the project's targets."""
     out: Dict[str, object] = {}
-    best_fixed = _best(summary, "sjd-pac", "speedup_median")
-    auto = next((k for k in summary if k.endswith("@auto")), None)
+    auto = next((k for k in summary if "@auto" in k), None)
+    best_fixed = _best(summary, "sjd-pac", "speedup_median", like=_spec(auto) if auto else None)
     if auto and best_fixed:
-        lat = {(r.method, r.prompt_index, r.seed): r.latency_s for r in runs}
-        ratios = [lat[(best_fixed, p, s)] / lat[(auto, p, s)] for (m, p, s) in lat
-                  if m == auto and (best_fixed, p, s) in lat]
-        q = _quantiles(ratios)
+        q = _quantiles(_paired(runs, best_fixed, auto))
         out["auto_vs_best_fixed"] = {
             "auto": auto, "best_fixed": best_fixed,
             "auto_speedup_over_ar": summary[auto].get("speedup_median"),
@@ -531,6 +748,13 @@ def findings(runs: Sequence[RunRecord], summary: Dict[str, dict]) -> Dict[str, o
             "auto_slower_than_ar_fraction": summary[auto].get("slower_than_ar_fraction"),
             "auto_median_window": summary[auto]["window_median"],
         }
+    rules = rule_comparison(runs, summary)
+    if rules:
+        out["rules"] = rules
+    agreement = seed_exact_agreement(runs, base_verify)
+    if agreement:
+        out["seed_exact"] = agreement
+    out["speedup_reference"] = next((row.get("speedup_reference") for row in summary.values()), None)
     pac = _best(summary, "sjd-pac", "step_compression")
     sjd = _best(summary, "sjd", "step_compression")
     targets = {}
@@ -544,8 +768,9 @@ def findings(runs: Sequence[RunRecord], summary: Dict[str, dict]) -> Dict[str, o
     if auto and summary[auto].get("speedup_median") is not None:
         targets["auto_latency_speedup_vs_ar"] = {"value": summary[auto]["speedup_median"], "target": 1.5,
                                                  "method": auto}
-    if pac or "sjd-pac@64" in summary:
-        key = "sjd-pac@64" if "sjd-pac@64" in summary else pac
+    at64 = next((k for k in ("sjd-pac@64", "sjd-pac@64:rejection", "sjd-pac@64:gumbel") if k in summary), None)
+    if (pac or at64) and summary[at64 or pac].get("overhead_pct_of_forward") is not None:
+        key = at64 or pac
         targets["overhead_pct_of_forward"] = {"value": summary[key]["overhead_pct_of_forward"], "target": 10.0,
                                               "method": key, "lower_is_better": True}
     for t in targets.values():
@@ -564,6 +789,20 @@ def findings_markdown(found: Dict[str, object]) -> str:
             f"auto / best fixed latency ratio median {a['auto_over_best_fixed_median']:.2f} "
             f"[IQR {a['q25']:.2f}-{a['q75']:.2f}] (> 1 = auto faster); auto slower than AR on "
             f"{100 * (a['auto_slower_than_ar_fraction'] or 0):.0f}% of prompts.")
+    if found.get("speedup_reference"):
+        lines.append(f"every latency speedup is paired per (prompt, seed) against the fastest plain-AR row of this "
+                     f"run: {_label(found['speedup_reference'])}.")
+    for r in found.get("rules", []):
+        ratio = r["latency_rejection_over_gumbel_median"]
+        lines.append(
+            f"{_label(r['method'])}: step compression {r['compression_rejection']:.2f}x (rejection) vs "
+            f"{r['compression_gumbel']:.2f}x (gumbel), x{r['compression_gain']:.2f}; latency rejection / gumbel "
+            + ("-" if ratio is None else f"median {ratio:.2f} [IQR {r['q25']:.2f}-{r['q75']:.2f}]")
+            + (" (gumbel faster)" if ratio and ratio > 1 else " (rejection faster)" if ratio else ""))
+    for key, a in found.get("seed_exact", {}).items():
+        lines.append(f"seed-exact (verify='gumbel'): {_label(key)} returned {_label(a['against'])}'s tokens on "
+                     f"{a['identical']} of {a['pairs']} (prompt, seed) pairs"
+                     + ("" if a["identical"] == a["pairs"] else " - NOT token-identical, see docs/benchmark.md"))
     names = {"sjd_pac_compression_vs_ar": "SJD-PAC step compression over AR (best L)",
              "sjd_pac_compression_vs_sjd": "SJD-PAC step compression over plain SJD (best L of each)",
              "auto_latency_speedup_vs_ar": "latency speedup over AR with window='auto'",

@@ -1,0 +1,177 @@
+"""transformers' own `generate` as a plain-AR baseline that does the same work as our AR.
+
+`generate` cannot apply our recipe by itself: its `guidance_scale` runs the unconditional
+prompt as a second, unbatched forward with its own cache, and it knows nothing of the image
+layout's constraints (forced end-of-line tokens, image codes only). So the baseline feeds
+`generate` both prompts as one left-padded batch (conditional row, unconditional row) and puts
+the whole recipe into one logits processor, `RecipeLogitsProcessor`: CFG over the two rows,
+the position's constraints, temperature, top-k/top-p (the library's own `process`), then the
+draw; it returns scores where only the drawn token is finite, on both rows, so greedy `generate`
+appends that token to both rows, exactly as our sampler feeds the committed token to both.
+
+With verify="gumbel" the draw is `argmax(log p + G_t)` with the library's position-keyed noise,
+so the baseline must return our AR's tokens for the same seed (tests/test_bench.py checks it);
+with "rejection" it is a multinomial draw from p.
+
+Three rows: dynamic cache (`generate`), static cache, and static cache + `torch.compile`
+(transformers' own auto-compilation of the decoding step; mode "reduce-overhead" on CUDA,
+inductor's default elsewhere).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+from transformers import LogitsProcessor
+
+from ..config import SamplerConfig
+from ..models.causal_lm import CausalLMAdapter
+from ..models.image_model import ARImageModel, PromptEncoding
+from ..sampling.recipe import SamplingRecipe, TokenConstraints, process
+from ..sampling.verify import gumbel_argmax, gumbel_noise
+
+
+class BaselineUnsupported(ValueError):
+    """The model's family cannot run the `generate` baseline; the message says why."""
+
+
+def causal_lm_of(model: ARImageModel):
+    """The transformers model behind `model`, when `generate` on it gives the sampler's logits."""
+    adapter = getattr(model, "token_model", None)
+    if type(adapter) is not CausalLMAdapter:  # family adapters change inputs or logits in hooks
+        raise BaselineUnsupported(
+            f"the transformers-generate baseline needs a plain causal-LM adapter (the demo model or a "
+            f"generic *ForCausalLM); the {model.family} family feeds its model through its own hooks, "
+            "so drop generate* from --methods for it.")
+    return adapter.model, adapter.token_space
+
+
+class RecipeLogitsProcessor(LogitsProcessor):
+    """CFG + constraints + temperature/top-k/top-p + the draw, for batched `generate`.
+
+    Rows of `scores`: [conditional] or [conditional, unconditional]. `prompt_width` is the
+    (left-padded) prompt length, so image position t = input_ids.shape[1] - prompt_width.
+    """
+
+    def __init__(self, recipe: SamplingRecipe, constraints: TokenConstraints, prompt_width: int,
+                 verify: str, seed: int, token_space: Optional[torch.Tensor], device: torch.device) -> None:
+        self.recipe = recipe
+        self.constraints = constraints.to(device)
+        self.prompt_width = prompt_width
+        self.verify = verify
+        self.seed = seed
+        self.token_space = token_space
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        position = torch.tensor([input_ids.shape[1] - self.prompt_width], device=scores.device)
+        logits = scores if self.token_space is None else scores.index_select(-1, self.token_space)
+        p = process(logits.unsqueeze(1), position, self.recipe, self.constraints)  # [1, V']
+        if self.verify == "gumbel":
+            token = gumbel_argmax(p, gumbel_noise(self.seed, position, p.shape[-1]))
+        else:
+            token = torch.multinomial(p, 1, generator=self.generator).reshape(1)
+        if self.token_space is not None:
+            token = self.token_space[token]
+        out = torch.full_like(scores, float("-inf"))
+        out[:, token] = 0.0
+        return out
+
+
+@dataclass
+class GenerateOutput:
+    tokens: torch.Tensor  # long [num_tokens], sampler token space, on the CPU
+    seconds: float  # wall clock of the generate call alone
+
+
+class GenerateBaseline:
+    """One `generate` configuration: dynamic or static cache, compiled or not.
+
+    prompt_width: left-pad every prompt to this many tokens (exact: padding is masked and the
+    position ids follow the attention mask), so a static cache has one shape for the whole
+    benchmark and the compiled step compiles once.
+    """
+
+    def __init__(self, model: ARImageModel, static: bool, compiled: bool, prompt_width: int = 0) -> None:
+        if compiled and not static:
+            raise ValueError("transformers compiles generate only with a static cache; use static=True.")
+        self.model = model
+        self.lm, self.token_space = causal_lm_of(model)
+        self.static = static
+        self.compiled = compiled
+        self.prompt_width = prompt_width
+
+    def _batch(self, encoding: PromptEncoding, use_cfg: bool):
+        prompts = [encoding.prompt_ids] + ([encoding.uncond_ids] if use_cfg else [])
+        width = max([self.prompt_width] + [int(p.numel()) for p in prompts])
+        pad = self.lm.config.pad_token_id if self.lm.config.pad_token_id is not None else 0
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # one row per prompt (1 or 2)
+            ids[row, width - prompt.numel():] = prompt.reshape(-1)
+            attention[row, width - prompt.numel():] = 1
+        device = self.model.device
+        return ids.to(device), attention.to(device), width
+
+    def _generation_config(self, num_tokens: int):
+        from transformers import CompileConfig, GenerationConfig
+
+        config = GenerationConfig(max_new_tokens=num_tokens, do_sample=False, eos_token_id=None,
+                                  pad_token_id=self.lm.config.pad_token_id or 0,
+                                  cache_implementation="static" if self.static else None)
+        if self.compiled:
+            on_gpu = self.model.device.type == "cuda"
+            compile_config = CompileConfig(mode="reduce-overhead" if on_gpu else "default")
+            # transformers compiles automatically only on accelerators; this documented flag of
+            # CompileConfig lets it compile on the CPU too.
+            compile_config._compile_all_devices = True
+            config.compile_config = compile_config
+        else:
+            config.disable_compile = True
+        return config
+
+    @torch.inference_mode()
+    def generate(self, encoding: PromptEncoding, config: SamplerConfig, seed: int) -> GenerateOutput:
+        from transformers import LogitsProcessorList
+
+        use_cfg = config.uses_cfg
+        if use_cfg and encoding.uncond_ids is None:
+            raise ValueError("cfg_scale != 1 needs the model's unconditional prompt; this prompt has none.")
+        ids, attention, width = self._batch(encoding, use_cfg)
+        recipe = SamplingRecipe(config.cfg_scale, config.temperature, config.top_k, config.top_p)
+        processor = RecipeLogitsProcessor(recipe, encoding.constraints, width, config.verify, seed,
+                                          self.token_space, self.model.device)
+        num_tokens = encoding.layout.num_tokens
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # generate's notes on unused flags
+            start = time.perf_counter()
+            out = self.lm.generate(input_ids=ids, attention_mask=attention,
+                                   generation_config=self._generation_config(num_tokens),
+                                   logits_processor=LogitsProcessorList([processor]))
+            if self.model.device.type == "cuda":
+                torch.cuda.synchronize(self.model.device)
+            seconds = time.perf_counter() - start
+        tokens = out[0, width:]
+        if self.token_space is not None:  # model ids -> sampler ids
+            lookup = torch.full((int(self.token_space.max()) + 1,), -1, dtype=torch.long, device=tokens.device)
+            lookup[self.token_space] = torch.arange(self.token_space.numel(), device=tokens.device)
+            tokens = lookup[tokens]
+        return GenerateOutput(tokens=tokens.cpu(), seconds=seconds)
+
+
+def prompt_width(model: ARImageModel, prompts: Sequence[str]) -> int:
+    """The longest prompt (conditional or unconditional) of a prompt list, in model tokens."""
+    widths: List[int] = []
+    for prompt in prompts:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            encoding = model.encode_prompt(prompt)
+        widths.append(int(encoding.prompt_ids.numel()))
+        if encoding.uncond_ids is not None:
+            widths.append(int(encoding.uncond_ids.numel()))
+    return max(widths)

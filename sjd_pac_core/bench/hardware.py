@@ -1,0 +1,346 @@
+"""The GPU benchmark in one command (issue 13, item 8): what a pass costs on real model shapes.
+
+    python benchmarks/gpu_bench.py --device cuda --out runs/gpu          # on a machine with a GPU
+    python benchmarks/gpu_bench.py --tiny --device cpu --out runs/tiny   # the same code, tiny shapes (CI)
+
+Three parts, written to gpu_bench.json and gpu_bench.md in --out:
+
+1. **Window-cost curve** t(L)/t(1), L = 1..96, for 7B-shaped models with random weights (no
+   download: built from the config on the device) in bf16: Lumina-mGPT's Chameleon-7B shape at
+   768x768 (2,356 image tokens) and Emu3-Gen's shape at 720x720 (8,193 image tokens), each at
+   its real context (prompt + image tokens; measured half-way and at the end of the image), two
+   rows (CFG), on a static KV cache (a pass of L tokens writes L slots that the next repetition
+   overwrites: the rollback of a static cache), logits for the family's image vocabulary only
+   (as the adapters compute them). Timed with device synchronisation, rounds interleaved over L,
+   median per L.
+2. **Sampler overhead per pass** on the same models: `sample_tokens` over the last image tokens
+   at the real context, per method, from its `PassRecord`s (wall time minus forward time).
+   Random weights give near-uniform distributions, so the acceptance is not the real models';
+   the per-pass cost is what this measures.
+3. **The demo rows** (`sjd-pac bench --methods baselines`: transformers' generate with dynamic /
+   static / static + compiled cache, our AR, SJD and SJD-PAC eager and compiled) on the device.
+
+`--tiny` shrinks every shape (hidden 64, 2 layers, short contexts, L = 1..8) so the whole
+script runs on a CPU in seconds; its numbers mean nothing, it proves the script runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model family's transformer shape and the context a real image generation runs at."""
+
+    name: str
+    family: str  # chameleon | emu3
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    image_vocab: int  # tokens the sampler chooses from (the image codes)
+    prompt_tokens: int
+    image_tokens: int
+    note: str = ""
+
+    @property
+    def context(self) -> int:
+        return self.prompt_tokens + self.image_tokens
+
+
+# Real shapes (shared/spec/models.md): Chameleon-7B as Lumina-mGPT ships it (qk-LayerNorm), 768x768
+# = 2,356 image tokens incl. size tokens and end-of-lines; Emu3-Gen 8B (GQA, 184,622-word vocabulary),
+# 720x720 = 90 rows x (90 + EOL) + 3 = 8,193 tokens. Prompts of ~64 tokens.
+SHAPES = {
+    "lumina-mgpt-7b-768": Shape("lumina-mgpt-7b-768", "chameleon", 4096, 11008, 32, 32, 32, 65536, 8192, 64, 2356,
+                                "Chameleon-7B (Lumina-mGPT), 768x768"),
+    "emu3-gen-8b-720": Shape("emu3-gen-8b-720", "emu3", 4096, 14336, 32, 32, 8, 184622, 32768, 64, 8193,
+                             "Emu3-Gen, 720x720"),
+}
+TINY_SHAPES = {
+    "lumina-mgpt-tiny": Shape("lumina-mgpt-tiny", "chameleon", 64, 128, 2, 4, 4, 1024, 256, 8, 56,
+                              "tiny Chameleon (CI only)"),
+    "emu3-tiny": Shape("emu3-tiny", "emu3", 64, 128, 2, 4, 2, 1024, 256, 8, 72, "tiny Emu3 (CI only)"),
+}
+
+
+def build_random_model(shape: Shape, dtype: torch.dtype, device: torch.device):
+    """The family's transformers model with random weights, built on the device (no download)."""
+    if shape.family == "chameleon":
+        from transformers import ChameleonConfig, ChameleonForConditionalGeneration as cls
+
+        config = ChameleonConfig(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                                 num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                                 num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab, qk_layernorm=True,
+                                 max_position_embeddings=shape.context + 256,
+                                 vocabulary_map={"<image>": shape.vocab - shape.image_vocab - 1})
+        if shape.hidden < 1024:  # a tiny VQ for the tiny shape (its weights are never used here)
+            config.vq_config.embed_dim = config.vq_config.base_channels = 32
+            config.vq_config.num_embeddings = shape.image_vocab
+            config.vq_config.channel_multiplier = [1, 1]
+    elif shape.family == "emu3":
+        from transformers import Emu3ForCausalLM as cls, Emu3TextConfig
+
+        config = Emu3TextConfig(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                                num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                                num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
+                                max_position_embeddings=shape.context + 256, pad_token_id=0, bos_token_id=1,
+                                eos_token_id=2)
+    else:
+        raise ValueError(f"unknown family {shape.family!r}")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # initialise in the target dtype: a 7B model never exists in fp32
+    try:
+        with torch.device(device):
+            model = cls(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+class DeviceTimer:
+    """Wall clock with device synchronisation, so a GPU's queued kernels are counted."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        self.sync()
+        start = time.perf_counter()
+        fn()
+        self.sync()
+        return time.perf_counter() - start
+
+
+def image_token_ids(shape: Shape, device: torch.device) -> torch.Tensor:
+    """Model ids of the image codes (a contiguous block at the end of the vocabulary will do for
+    random weights; only the count matters for cost)."""
+    return torch.arange(shape.vocab - shape.image_vocab, shape.vocab, device=device)
+
+
+def text_vocab(shape: Shape) -> int:
+    """Prompt ids are drawn below the image block and Chameleon's <image> placeholder id."""
+    return shape.vocab - shape.image_vocab - 1
+
+
+@torch.inference_mode()
+def window_cost_curve(model, shape: Shape, windows: Sequence[int], context: int, rows: int, rounds: int,
+                      device: torch.device, seed: int = 0) -> Dict[str, object]:
+    """Median seconds of one pass of L tokens on top of `context` cached tokens, for every L."""
+    from transformers import StaticCache
+
+    g = torch.Generator().manual_seed(seed)
+    ids = image_token_ids(shape, device)
+    head = model.get_output_embeddings().weight.index_select(0, ids)  # the adapters' restricted head
+    backbone = model.model
+    largest = max(windows)
+    cache = StaticCache(config=model.config, max_cache_len=context + largest)
+    prompt = torch.randint(0, text_vocab(shape), (rows, context), generator=g).to(device)
+    backbone(input_ids=prompt, cache=cache, use_cache=True)
+    draft = ids[torch.randint(0, shape.image_vocab, (rows, largest), generator=g).to(device)]
+
+    def one_pass(n: int) -> Callable[[], object]:
+        positions = torch.arange(context, context + n, device=device)
+
+        def run():
+            hidden = backbone(input_ids=draft[:, :n], cache=cache, use_cache=True,
+                              position_ids=positions.unsqueeze(0).expand(rows, -1)).last_hidden_state
+            logits = torch.nn.functional.linear(hidden, head)
+            cache.crop(-n)  # a static cache's rollback: move the write pointer back, nothing is copied
+            return logits
+
+        return run
+
+    timer = DeviceTimer(device)
+    for n in (1, largest):  # warm-up: kernels, allocator
+        timer(one_pass(n))
+    samples: Dict[int, List[float]] = {n: [] for n in windows}
+    order = list(windows)
+    for r in range(rounds):  # rounds interleave the sizes, so drifting load hits all alike
+        order = order[::-1] if r % 2 else order
+        for n in order:
+            samples[n].append(timer(one_pass(n)))
+    seconds = {n: statistics.median(v) for n, v in samples.items()}
+    base = seconds[windows[0]]
+    return {"context": context, "rows": rows, "rounds": rounds,
+            "ms": {n: 1000 * s for n, s in seconds.items()},
+            "ratio": {n: s / base for n, s in seconds.items()}}
+
+
+def sampler_overhead(model, shape: Shape, methods: Sequence[str], tokens: int, cfg_scale: float,
+                     device: torch.device, seed: int = 0) -> List[Dict[str, object]]:
+    """Per method: forward and outside-forward milliseconds per pass from the PassRecords of one
+    `sample_tokens` run over the last `tokens` image tokens at the shape's real context."""
+    from ..engine.loop import sample_tokens
+    from ..models.causal_lm import CausalLMAdapter
+    from .runner import parse_method
+
+    g = torch.Generator().manual_seed(seed)
+    adapter = CausalLMAdapter(model, token_space=image_token_ids(shape, device))
+    prompt = torch.randint(0, text_vocab(shape), (shape.context - tokens,), generator=g)
+    uncond = prompt[:8].clone()
+    from ..config import SamplerConfig
+
+    base = SamplerConfig(cfg_scale=cfg_scale, temperature=1.0, window=32)
+    rows = []
+    for key in methods:
+        spec = parse_method(key)
+        config = spec.config(base)
+        if config.compile:  # compile outside the measured run
+            sample_tokens(adapter, prompt, min(tokens, 8), config=config, seed=seed + 1, uncond_prompt_ids=uncond)
+        stats = sample_tokens(adapter, prompt, tokens, config=config, seed=seed, uncond_prompt_ids=uncond).stats
+        records = stats.records[1:]  # the prompt's prefill is not a sampler pass
+        passes = len(records)
+        fwd = sum(r.forward_time for r in records)
+        wall = sum(r.wall_time for r in records)
+        rows.append({"method": key, "passes": passes, "tokens": tokens, "step_compression": stats.step_compression,
+                     "forward_ms_per_pass": 1000 * fwd / max(1, passes),
+                     "overhead_ms_per_pass": 1000 * (wall - fwd) / max(1, passes),
+                     "overhead_pct_of_forward": 100 * (wall - fwd) / fwd if fwd > 0 else None})
+    return rows
+
+
+def demo_rows(device: str, methods: str, prompts: int, seeds: Sequence[int], warmup: bool) -> Dict[str, object]:
+    """`sjd-pac bench --methods ...` on the demo model on the device: the summary table."""
+    import sjd_pac_core as sp
+
+    from .runner import load_prompts, markdown_table, parse_methods, run_bench, to_json
+
+    model = sp.load_model("demo", device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = run_bench(model, load_prompts("demo", prompts), list(seeds), parse_methods(methods),
+                           warmup=warmup, progress=False)
+    data = to_json(result)
+    return {"summary": data["summary"], "findings": data["findings"], "markdown": markdown_table(data["summary"]),
+            "prompts": prompts, "seeds": list(seeds), "methods": methods}
+
+
+def _environment(device: torch.device) -> Dict[str, object]:
+    env = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+           "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def markdown_report(result: Dict[str, object]) -> str:
+    lines = [f"# GPU benchmark ({result['environment'].get('gpu') or result['environment']['device']}, "
+             f"{result['dtype']}, torch {result['environment']['torch']}, {result['environment']['date_utc']})", ""]
+    for shape in result["shapes"]:
+        info = shape["shape"]
+        lines.append(f"## {info['note']}: {info['layers']} layers, hidden {info['hidden']}, "
+                     f"{shape['shape']['image_vocab']} image codes, random weights")
+        curves = shape["curves"]
+        head = "| L | " + " | ".join(f"ms @ ctx {c['context']} | t(L)/t(1)" for c in curves) + " |"
+        lines += ["", head, "|" + "---|" * (1 + 2 * len(curves))]
+        for n in curves[0]["ms"]:
+            cells = " | ".join(f"{c['ms'][n]:.2f} | {c['ratio'][n]:.2f}" for c in curves)
+            lines.append(f"| {n} | {cells} |")
+        lines += ["", "| method (sampler overhead) | passes | forward ms/pass | overhead ms/pass | % of forward |",
+                  "|---|---|---|---|---|"]
+        for row in shape["overhead"]:
+            pct = "-" if row["overhead_pct_of_forward"] is None else f"{row['overhead_pct_of_forward']:.1f}%"
+            lines.append(f"| {row['method']} | {row['passes']} | {row['forward_ms_per_pass']:.2f} | "
+                         f"{row['overhead_ms_per_pass']:.2f} | {pct} |")
+        lines.append("")
+    if result.get("demo"):
+        lines += ["## Demo model rows", "", result["demo"]["markdown"], ""]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="tiny shapes and sizes: runs on a CPU in seconds (CI)")
+    p.add_argument("--shapes", default=None, help=f"comma-separated, from {', '.join(SHAPES)} (default: all)")
+    p.add_argument("--max-window", type=int, default=None, help="curve for L = 1..this (default 96; tiny 8)")
+    p.add_argument("--rounds", type=int, default=None, help="timed rounds per L (default 5; tiny 2)")
+    p.add_argument("--context-fractions", default="0.5,1.0",
+                   help="where in the image the curve is measured: fractions of the image tokens done")
+    p.add_argument("--overhead-tokens", type=int, default=None, help="image tokens per overhead run (256; tiny 8)")
+    p.add_argument("--overhead-methods", default="ar,sjd@32,sjd-pac@32,sjd-pac@64,sjd-pac@64:gumbel")
+    p.add_argument("--compile", action="store_true", help="add compiled rows (SamplerConfig(compile=True))")
+    p.add_argument("--demo-methods", default=None,
+                   help="demo rows (default: the baselines preset; tiny: ar,generate,sjd-pac@16)")
+    p.add_argument("--demo-prompts", type=int, default=None, help="demo prompts (default 20; tiny 1)")
+    p.add_argument("--demo-seeds", default="0")
+    p.add_argument("--no-demo", action="store_true")
+    p.add_argument("--out", default="runs/gpu_bench")
+    args = p.parse_args(argv)
+
+    from ..models.loader import resolve_device
+    from .cli import parse_seeds
+    from .runner import BASELINE_METHODS
+
+    device = resolve_device(args.device)
+    if device.type != "cuda" and not args.tiny:
+        raise SystemExit(f"device {device} is not a GPU: the 7B shapes need one; add --tiny for the CPU check.")
+    table = TINY_SHAPES if args.tiny else SHAPES
+    names = [s.strip() for s in (args.shapes or ",".join(table)).split(",") if s.strip()]
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise SystemExit(f"unknown shape {unknown[0]!r}; choose from {', '.join(table)}.")
+    dtype = torch.bfloat16
+    largest = args.max_window or (8 if args.tiny else 96)
+    rounds = args.rounds or (2 if args.tiny else 5)
+    fractions = [float(f) for f in args.context_fractions.split(",")]
+    overhead_tokens = args.overhead_tokens or (8 if args.tiny else 256)
+    overhead_methods = [m for m in args.overhead_methods.split(",") if m]
+    if args.compile:
+        overhead_methods += [f"{m}:compile" for m in overhead_methods if ":compile" not in m]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: Dict[str, object] = {"environment": _environment(device), "dtype": "bf16", "tiny": args.tiny,
+                                 "shapes": [], "demo": None}
+    start = time.perf_counter()
+    for name in names:
+        shape = table[name]
+        print(f"{name}: building a random model on {device} ...", flush=True)
+        model = build_random_model(shape, dtype, device)
+        curves = []
+        for f in fractions:
+            context = shape.prompt_tokens + max(1, int(round(f * shape.image_tokens)) - largest)
+            print(f"  window-cost curve at context {context}, L=1..{largest}", flush=True)
+            curves.append(window_cost_curve(model, shape, list(range(1, largest + 1)), context, rows=2,
+                                            rounds=rounds, device=device))
+        print(f"  sampler overhead: {', '.join(overhead_methods)}", flush=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            overhead = sampler_overhead(model, shape, overhead_methods, overhead_tokens, cfg_scale=3.0, device=device)
+        result["shapes"].append({"shape": asdict(shape), "curves": curves, "overhead": overhead})
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if not args.no_demo:
+        methods = args.demo_methods or ("ar,generate,sjd-pac@16" if args.tiny else BASELINE_METHODS)
+        print(f"demo rows: {methods}", flush=True)
+        result["demo"] = demo_rows(str(device), methods, args.demo_prompts or (1 if args.tiny else 20),
+                                   parse_seeds(args.demo_seeds), warmup=not args.tiny)
+    result["seconds"] = time.perf_counter() - start
+    (out / "gpu_bench.json").write_text(json.dumps(result, indent=1, default=float))
+    report = markdown_report(result)
+    (out / "gpu_bench.md").write_text(report + "\n")
+    print(report)
+    print(f"wrote {out / 'gpu_bench.json'}, {out / 'gpu_bench.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

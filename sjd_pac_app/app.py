@@ -72,7 +72,7 @@ CSS = """
   background: var(--background-fill-secondary); border: 1px solid var(--border-color-primary);}
 .model-info .chip.gpu {border-color: #16a34a; color: #15803d;}
 .model-info .err {color: var(--error-text-color);}
-.stat-grid {display: grid; grid-template-columns: repeat(auto-fill, minmax(128px, 1fr)); gap: 8px;}
+.stat-grid {display: grid; grid-template-columns: repeat(auto-fit, minmax(140px, 1fr)); gap: 8px;}
 .stat {border: 1px solid var(--border-color-primary); border-radius: 10px; padding: 8px 10px;
   background: var(--background-fill-secondary); min-width: 0; overflow: hidden;}
 .stat .label {font-size: 11px; text-transform: uppercase; letter-spacing: .05em; color: #374151;}
@@ -100,6 +100,7 @@ CSS = """
 .yes {color: #15803d;} .no {color: #b91c1c;}
 #compare-summary {font-size: 15px;}
 img {max-width: 100%;}
+.pixel-art img {image-rendering: pixelated;}  /* small models' token patches stay sharp */
 @media (max-width: 600px) {
   .gradio-container {padding-left: 8px !important; padding-right: 8px !important;}
   .stat-grid {grid-template-columns: repeat(2, minmax(0, 1fr));}
@@ -170,6 +171,23 @@ def width_limit(depth: object) -> int:
         return MAX_WIDTH_FIELD
 
 
+def _fits(depth: object, width: object) -> bool:
+    try:
+        return tree_node_count(int(float(depth)), int(float(width))) <= MAX_TREE_NODES  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+
+
+def follow_width(depth: object, width: object) -> Any:
+    """K changed: D's top becomes the largest D that fits with this K (nothing changes while the
+    pair is over the budget: the check names the fix)."""
+    return gr.update(maximum=depth_limit(width)) if _fits(depth, width) else gr.skip()
+
+
+def follow_depth(depth: object, width: object) -> Any:
+    return gr.update(maximum=width_limit(depth)) if _fits(depth, width) else gr.skip()
+
+
 def hints(d: sp.FamilyDefaults) -> Dict[str, str]:
     """Tooltips (gradio's `info`); the numbers in them are the loaded model's own defaults."""
     return {
@@ -179,10 +197,10 @@ def hints(d: sp.FamilyDefaults) -> Dict[str, str]:
         "top_p": f"1 = off; this model's default {d.top_p or 1:g}",
         "window": f"L: draft tokens verified per forward pass; 'auto' picks L from measured speed; "
                   f"this model's default {d.window}. L = 1 cannot beat AR.",
-        "depth": f"D: SJD-PAC drafts a tree of K candidates at the D-1 positions after a rejection; "
-                 f"it has K + K^2 + ... + K^(D-1) tokens, so the cost grows as K^(D-1) (at most "
-                 f"{MAX_TREE_NODES}); 1 = no tree; this model's default {d.tree_depth}",
-        "width": f"K: candidates per tree position; this model's default {d.tree_width}",
+        "depth": f"SJD-PAC's drafting tree after a rejection (1 = none): K + K^2 + ... + K^(D-1) tokens, "
+                 f"so the cost grows as K^(D-1); at most {MAX_TREE_NODES}, so the top of D follows K; "
+                 f"this model's default {d.tree_depth}",
+        "width": f"candidates per tree position; the top of K follows D; this model's default {d.tree_width}",
         "seed": "-1 = a new random seed each run (the seed used is shown with the result)",
         "method": "All three sample exactly AR's distribution. AR: one token per forward pass. SJD: "
                   "verifies L drafts per pass. SJD-PAC: SJD plus adaptive continuation and a drafting "
@@ -191,6 +209,14 @@ def hints(d: sp.FamilyDefaults) -> Dict[str, str]:
         "verify": "gumbel: the same seed gives the very same picture with every method; rejection: "
                   "an equally exact sample, different per method",
     }
+
+
+def small_images(d: sp.FamilyDefaults) -> bool:
+    """Whether the model's pictures are small (the demo's 64x64), shown enlarged without smoothing."""
+    try:
+        return bool(d.resolutions) and max(int(v) for v in d.resolution.lower().split("x")) < 256
+    except ValueError:
+        return False
 
 
 def words_md(model: Optional[sp.ARImageModel]) -> str:
@@ -681,6 +707,7 @@ class SjdPacApp:
         d = _defaults_of(model)
         h = hints(d)
         base = SamplerConfig()
+        pixel_classes = ["pixel-art"] if small_images(d) else []
         choices = self.manager.choices()
         value = self.manager.spec or canonical_spec(self.initial_model)
         if all(v != value for _, v in choices):
@@ -720,13 +747,14 @@ class SjdPacApp:
                         with gr.Tab("Live", id="live"):
                             stats = gr.HTML(stats_html({"status": "idle"}), elem_id="run-stats")
                             with gr.Row(equal_height=True):
-                                with gr.Column(min_width=280):
+                                with gr.Column(scale=3, min_width=280):
                                     preview = gr.Image(plots.placeholder_image(text="press Generate"),
                                                        type="pil", format="png", label="Image", height=420,
-                                                       interactive=False, elem_id="preview-image")
+                                                       interactive=False, elem_id="preview-image",
+                                                       elem_classes=pixel_classes)
                                     download = gr.File(label="Download (512 px PNG; prompt, seed and settings inside)",
                                                        interactive=False, elem_id="download-file")
-                                with gr.Column(min_width=280):
+                                with gr.Column(scale=2, min_width=240):
                                     hist_chart = gr.Image(plots.histogram_chart({}), type="pil", format="png",
                                                           interactive=False, height=340,
                                                           label="Acceptance-length histogram",
@@ -751,7 +779,8 @@ class SjdPacApp:
                                         cmp_images.append(gr.Image(
                                             plots.placeholder_image(text=METHOD_LABELS[m]), type="pil",
                                             format="png", interactive=False, label=METHOD_LABELS[m],
-                                            height=300, elem_id=f"compare-image-{m}"))
+                                            height=300, elem_id=f"compare-image-{m}",
+                                            elem_classes=pixel_classes))
                                         cmp_cards.append(gr.HTML(compare_card(m, None),
                                                                  elem_id=f"compare-card-{m}"))
                             cmp_summary = gr.HTML(elem_id="compare-summary")
@@ -770,11 +799,10 @@ class SjdPacApp:
                                       elem_id="method")
                     verify = gr.Radio(VERIFY_CHOICES, value=base.verify, label="Verification", info=h["verify"],
                                       elem_id="verify")
-                    with gr.Row():
-                        cfg = gr.Slider(0.0, 15.0, value=d.cfg_scale, step=0.1, label="CFG", info=h["cfg"],
-                                        elem_id="cfg", min_width=140)
-                        temperature = gr.Slider(0.05, 2.0, value=d.temperature, step=0.05, label="Temperature",
-                                                info=h["temperature"], elem_id="temperature", min_width=140)
+                    cfg = gr.Slider(0.0, 15.0, value=d.cfg_scale, step=0.1, label="CFG", info=h["cfg"],
+                                    elem_id="cfg")
+                    temperature = gr.Slider(0.05, 2.0, value=d.temperature, step=0.05, label="Temperature",
+                                            info=h["temperature"], elem_id="temperature")
                     with gr.Row():
                         top_k = gr.Number(value=d.top_k or 0, precision=None, label="Top-k", info=h["top_k"],
                                           elem_id="top-k", min_width=120)
@@ -783,13 +811,10 @@ class SjdPacApp:
                     with gr.Accordion("Speculative decoding (SJD / SJD-PAC)", open=True):
                         window = gr.Dropdown(WINDOW_CHOICES, value=str(d.window), allow_custom_value=True,
                                              label="L: window", info=h["window"], elem_id="window")
-                        with gr.Row():
-                            depth = gr.Slider(1, depth_limit(d.tree_width), value=d.tree_depth, step=1,
-                                              label="D: tree depth", info=h["depth"],
-                                              elem_id="tree-depth", min_width=140)
-                            width = gr.Slider(1, width_limit(d.tree_depth), value=d.tree_width, step=1,
-                                              label="K: tree width", info=h["width"],
-                                              elem_id="tree-width", min_width=140)
+                        depth = gr.Slider(1, depth_limit(d.tree_width), value=d.tree_depth, step=1,
+                                          label="D: tree depth", info=h["depth"], elem_id="tree-depth")
+                        width = gr.Slider(1, width_limit(d.tree_depth), value=d.tree_width, step=1,
+                                          label="K: tree width", info=h["width"], elem_id="tree-width")
 
             gen_inputs = [model_dd, model_path, prompt, negative, resolution, seed, method, verify, cfg,
                           temperature, top_k, top_p, window, depth, width]
@@ -805,19 +830,22 @@ class SjdPacApp:
             model_path.submit(self.select_model, [model_dd, model_path], model_outputs, api_name=False,
                               **common)
             # The tree budget bounds D and K together: each slider's top follows the other's value.
-            width.input(lambda k: gr.update(maximum=depth_limit(k)), width, depth, **instant)
-            depth.input(lambda dd: gr.update(maximum=width_limit(dd)), depth, width, **instant)
+            # preprocess=False: a value typed past the top reaches our check, which names the budget.
+            width.input(follow_width, [depth, width], depth, preprocess=False, **instant)
+            depth.input(follow_depth, [depth, width], width, preprocess=False, **instant)
             # A click is checked at once (outside the queue), then waits its turn for the sampler.
+            # preprocess=False everywhere: the values are plain numbers and strings, and our check
+            # (not the sliders' current tops) decides, with a sentence that names the fix.
             ok = gr.State(False)
-            gen_check = gen_btn.click(self.check, gen_inputs, [message, ok], **instant)
+            gen_check = gen_btn.click(self.check, gen_inputs, [message, ok], preprocess=False, **instant)
             gen_check.success(self.gate, ok, None, **instant).success(
                 self.generate, gen_inputs, [tabs, preview, download, pass_chart, hist_chart, stats, message,
                                             run_json],
-                api_name="generate", **common)
-            cmp_check = cmp_btn.click(self.check_compare, cmp_inputs, [message, ok], **instant)
+                api_name="generate", preprocess=False, **common)
+            cmp_check = cmp_btn.click(self.check_compare, cmp_inputs, [message, ok], preprocess=False, **instant)
             cmp_check.success(self.gate, ok, None, **instant).success(
                 self.compare, cmp_inputs, [tabs, *cmp_images, *cmp_cards, cmp_summary, message, cmp_json],
-                api_name="compare", **common)
+                api_name="compare", preprocess=False, **common)
             # Not queued: Stop must act while the sampler's slot is busy and on queued runs.
             stop_btn.click(self.stop, None, None, api_name="stop", queue=False, show_progress="hidden")
         blocks.queue(max_size=32)

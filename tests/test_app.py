@@ -467,8 +467,10 @@ def test_served_app_streams_stops_and_survives_errors(served_app, app_model):
     assert bad[-1]["status"] == "failed" and "does not exist" in bad[-1]["error"]
     bad = client.predict(*args_for(spec, model, window="2.5"), api_name="/generate")
     assert "window (L) must be a whole number" in bad[-1]["error"]
-    with pytest.raises(Exception, match="less than minimum value 1"):  # the K slider's own range
-        client.predict(*args_for(spec, model, tree_width=0), api_name="/generate")
+    bad = client.predict(*args_for(spec, model, tree_depth=8, tree_width=4), api_name="/generate")
+    assert "with K = 4 use D <= 4" in bad[-1]["error"]
+    ok = client.predict(*args_for(spec, model, tree_depth=5, tree_width=3), api_name="/generate")  # 120 nodes
+    assert ok[-1]["status"] == "finished"  # within the budget, though above the page's first D top
 
     again = client.predict(*args_for(spec, model, method="sjd"), api_name="/generate")
     assert again[-1]["status"] == "finished"

@@ -251,7 +251,9 @@ def test_phone_layout_has_results_near_the_button_no_overflow_and_readable_hints
                 assert ratio >= 4.5, f"{text!r}: contrast {ratio:.2f}:1 is below WCAG AA"
         page.screenshot(path=str(tmp_path / "phone.png"), full_page=True)
         target = os.environ.get("SJD_PAC_APP_SCREENSHOT_PHONE")
-        if target:
+        if target:  # what a phone shows from the prompt down
+            page.evaluate("window.scrollTo(0, document.querySelector('#prompt').getBoundingClientRect().top"
+                          " + window.scrollY - 8)")
             page.screenshot(path=target, full_page=False)
     finally:
         page.close()

@@ -72,7 +72,7 @@ CSS = """
   background: var(--background-fill-secondary); border: 1px solid var(--border-color-primary);}
 .model-info .chip.gpu {border-color: #16a34a; color: #15803d;}
 .model-info .err {color: var(--error-text-color);}
-.stat-grid {display: grid; grid-template-columns: repeat(auto-fit, minmax(110px, 1fr)); gap: 8px;}
+.stat-grid {display: grid; grid-template-columns: repeat(auto-fit, minmax(190px, 1fr)); gap: 8px;}
 .stat {border: 1px solid var(--border-color-primary); border-radius: 10px; padding: 8px 10px;
   background: var(--background-fill-secondary); min-width: 0; overflow: hidden;}
 .stat .label {font-size: 11px; text-transform: uppercase; letter-spacing: .05em; color: #374151;}

@@ -160,7 +160,7 @@ def test_defaults_are_local_and_private():
     args = parse_args([])
     assert (args.host, args.port, args.model) == ("127.0.0.1", 7860, "demo")
     assert os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
-    assert launch_kwargs()["share"] is False
+    assert launch_kwargs()["share"] is False and launch_kwargs()["quiet"] is True  # no share=True banner
 
 
 def test_model_list_offers_demo_and_local_folders(tmp_path):

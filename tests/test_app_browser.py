@@ -247,7 +247,9 @@ def test_phone_layout_has_results_near_the_button_no_overflow_and_readable_hints
         assert stats["y"] - (button["y"] + button["height"]) < 250  # the results follow the buttons
         assert image["y"] < stats["y"] + 700 and image["width"] >= 300
         for selector in (".hint", "[data-testid='block-info'] + div, .info-text", ".stat .label", ".stat .sub"):
-            for text, ratio in page.evaluate(CONTRAST_JS, selector):
+            measured = page.evaluate(CONTRAST_JS, selector)
+            assert measured, f"no text found for {selector}"
+            for text, ratio in measured:
                 assert ratio >= 4.5, f"{text!r}: contrast {ratio:.2f}:1 is below WCAG AA"
         page.screenshot(path=str(tmp_path / "phone.png"), full_page=True)
         target = os.environ.get("SJD_PAC_APP_SCREENSHOT_PHONE")

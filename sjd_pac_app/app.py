@@ -793,8 +793,9 @@ class SjdPacApp:
                         resolution = gr.Dropdown(choices=list(d.resolutions), value=d.resolutions[0]
                                                  if d.resolutions else None, label="Resolution",
                                                  elem_id="resolution", allow_custom_value=True, min_width=120)
-                        seed = gr.Number(value=-1, precision=None, label="Seed", info=h["seed"],
-                                         elem_id="seed", min_width=140)
+                        # Text, not a number field: a browser's numbers lose digits above 2^53.
+                        seed = gr.Textbox(value="-1", label="Seed", info=h["seed"], max_lines=1,
+                                          elem_id="seed", min_width=140)
                     method = gr.Radio(METHOD_CHOICES, value=base.method, label="Method", info=h["method"],
                                       elem_id="method")
                     verify = gr.Radio(VERIFY_CHOICES, value=base.verify, label="Verification", info=h["verify"],

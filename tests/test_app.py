@@ -133,6 +133,8 @@ def test_settings_map_to_a_validated_config():
     drawn = settings_for(seed=-1)
     assert drawn.seed_was_random and 0 <= drawn.seed < 2**32
     assert settings_for(seed=2**64 - 1).seed == 2**64 - 1 and not settings_for(seed=3.0).seed_was_random
+    assert settings_for(seed="18446744073709551615").seed == 2**64 - 1  # the page's seed field is text
+    assert settings_for(seed=" -1 ").seed_was_random
     assert runner.pointless_setting_warnings(settings_for(window=1).config)[0].startswith("L = 1")
     assert runner.pointless_setting_warnings(settings_for(window=1, method="ar").config) == []
 

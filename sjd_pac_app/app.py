@@ -439,13 +439,19 @@ class SjdPacApp:
         notes = pointless_setting_warnings(settings.config)
         return message_md(notes=notes), True
 
-    def check_compare(self, *values: object, request: Optional[gr.Request] = None) -> Tuple[str, bool]:
-        """`check` for Compare: the same settings plus the repeat count (the last value)."""
+    def check_compare(
+        self, model_choice: str, model_path: str, prompt: str, negative_prompt: str, resolution: Optional[str],
+        seed: object, method: str, verify: str, cfg_scale: object, temperature: object, top_k: object,
+        top_p: object, window: object, tree_depth: object, tree_width: object, repeats: object,
+        request: Optional[gr.Request] = None,
+    ) -> Tuple[str, bool]:
+        """`check` for Compare: the same settings plus the repeat count."""
         try:
-            check_repeats(values[-1])
+            check_repeats(repeats)
         except Exception as exc:
             return message_md([friendly_error(exc)]), False
-        return self.check(*values[:-1], request=request)
+        return self.check(model_choice, model_path, prompt, negative_prompt, resolution, seed, method, verify,
+                          cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, request=request)
 
     @staticmethod
     def gate(ok: bool) -> None:

@@ -399,8 +399,8 @@ def test_a_run_stopped_while_queued_never_starts(app, app_model, monkeypatch):
     spec, model = app_model
     started = []
     monkeypatch.setattr(runner.sp, "generate_image", lambda *a, **k: started.append(1))
-    for handler, extra in ((app.generate, ()), (app.compare, (1,))):
-        message, ok = app.check(*args_for(spec, model))  # the click, before the run waits in the queue
+    for handler, check, extra in ((app.generate, app.check, ()), (app.compare, app.check_compare, (1,))):
+        message, ok = check(*args_for(spec, model), *extra)  # the click, before the run waits in the queue
         assert ok and message == ""
         app.stop()  # Stop pressed while it waits
         outputs = list(handler(*args_for(spec, model), *extra))

@@ -54,12 +54,27 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     app = SjdPacApp(ModelManager(models_dir, device=args.device, dtype=args.dtype), args.model,
                     interval=args.interval)
+    say(f"loading the model {args.model!r} (device {args.device}) …")
     app.preload()
     if app.startup_error:  # keep serving: the page shows the error and lets you pick another model
         print(f"sjd-pac-app: {app.startup_error}", file=sys.stderr)
+    say("building the page …")
     blocks = app.build()
-    blocks.launch(server_name=args.host, server_port=args.port, inbrowser=False, **launch_kwargs())
+    say(f"starting the server on {args.host}:{args.port} …")
+    blocks.launch(server_name=args.host, server_port=args.port, inbrowser=False, prevent_thread_lock=True,
+                  **launch_kwargs())
+    where = "this machine only" if args.host in ("127.0.0.1", "localhost") else "reachable from the network"
+    say(f"ready: open {blocks.local_url} ({where}); press Ctrl+C to stop.")
+    try:
+        blocks.block_thread()
+    except KeyboardInterrupt:
+        pass
     return 0
+
+
+def say(message: str) -> None:
+    """Start-up progress on stdout, so a slow start never looks like a hang."""
+    print(f"sjd-pac-app: {message}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,17 +7,22 @@ Kept free of gradio so it can be tested (and reused) on its own; app.py only ren
 from __future__ import annotations
 
 import gc
+import json
 import queue
+import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
+from PIL import Image, PngImagePlugin
 
 import sjd_pac_core as sp
-from sjd_pac_core.config import ConfigError, SamplerConfig
+from sjd_pac_core.config import ConfigError, SamplerConfig, tree_node_count
+from sjd_pac_core.settings import config_from_settings, resolve_seed
+from sjd_pac_core.threads import threads_for, torch_threads
 from sjd_pac_core.models.loader import detect_family, read_config, resolve_device, resolve_folder
 
 DEMO = "demo"
@@ -102,8 +107,9 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def device_label(device: Optional[torch.device] = None) -> str:
-    """A short human description of the device a model runs on (or would run on)."""
+def device_label(device: Optional[torch.device] = None, threads: Optional[int] = None) -> str:
+    """A short human description of the device a model runs on (or would run on); on the CPU,
+    `threads` is the thread count runs use (threads_for(model); default: torch's setting)."""
     if device is None:
         try:
             device = resolve_device("auto")
@@ -115,108 +121,193 @@ def device_label(device: Optional[torch.device] = None) -> str:
         return f"GPU: {props.name} ({props.total_memory / 2**30:.0f} GiB, cuda:{index})"
     if device.type == "mps":
         return "GPU: Apple Silicon (MPS)"
-    threads = torch.get_num_threads()
-    return f"CPU ({threads} thread{'s' if threads != 1 else ''}; no GPU in use)"
+    threads = threads or torch.get_num_threads()
+    return f"CPU, {threads} thread{'s' if threads != 1 else ''} (no GPU in use)"
+
+
+def run_threads(model: sp.ARImageModel) -> int:
+    """The CPU thread count a run of `model` uses (the shared rule of sjd_pac_core.threads)."""
+    return threads_for(model) or torch.get_num_threads()
+
+
+def prompt_words(model: Optional[sp.ARImageModel]) -> List[str]:
+    """The words a word-level model (the demo) knows; empty for models with a real tokenizer."""
+    vocab = getattr(model, "vocab", None)
+    words = getattr(vocab, "words", None)
+    return list(words) if isinstance(words, (list, tuple)) else []
 
 
 # --- settings ----------------------------------------------------------------------------------
 
-def _whole(value: object, name: str, example: str) -> int:
-    """UI numbers arrive as float or None; the sampler wants ints."""
-    if value is None or value == "":
-        raise ConfigError(f"{name} is empty; enter a whole number such as {example}.")
-    number = float(value)
-    if not number.is_integer():
-        raise ConfigError(f"{name} must be a whole number, got {value}; try {example}.")
-    return int(number)
+# A prompt longer than this is refused before any work: the demo model reads a handful of words,
+# and the real families' text encoders truncate far earlier (a 2,100-word prompt took 35 s of
+# tokenising in the demo for nothing).
+MAX_PROMPT_WORDS = 400
 
 
-def build_config(
-    method: str = "sjd_pac",
-    verify: str = "rejection",
-    cfg_scale: float = 1.0,
-    temperature: float = 1.0,
-    top_k: Optional[float] = 0,
-    top_p: Optional[float] = 1.0,
-    window: float = 64,
-    tree_depth: float = 3,
-    tree_width: float = 4,
-) -> SamplerConfig:
-    """The UI's values -> a validated SamplerConfig (ConfigError names the fix).
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything a run needs besides the model, validated; `record()` is what the run JSON and
+    the saved PNG carry so that the image can be reproduced."""
 
-    top_k 0 and top_p 1 mean "off" in the UI (None in the config).
+    prompt: str
+    negative_prompt: str
+    resolution: Optional[str]
+    seed: int
+    seed_was_random: bool
+    config: SamplerConfig
+
+    def record(self, model_name: str = "", threads: Optional[int] = None) -> dict:
+        c = self.config
+        record = {
+            "model": model_name, "prompt": self.prompt, "negative_prompt": self.negative_prompt,
+            "resolution": self.resolution, "seed": self.seed, "seed_was_random": self.seed_was_random,
+            "method": c.method, "verify": c.verify, "window": c.window, "tree_depth": c.tree_depth,
+            "tree_width": c.tree_width, "cfg_scale": c.cfg_scale, "temperature": c.temperature,
+            "top_k": c.top_k, "top_p": c.top_p, "adaptive_continuation": c.adaptive_continuation,
+            "proactive_drafting": c.proactive_drafting, "init_proposal": c.init_proposal,
+        }
+        if threads is not None:
+            record["threads"] = threads
+        return record
+
+
+def check_prompt(prompt: object) -> str:
+    text = "" if prompt is None else str(prompt)
+    words = len(text.split())
+    if words > MAX_PROMPT_WORDS:
+        raise ConfigError(
+            f"The prompt has {words} words, more than the {MAX_PROMPT_WORDS} the app accepts; shorten it."
+        )
+    return text
+
+
+def run_settings(
+    defaults: Optional[sp.FamilyDefaults], prompt: object, negative_prompt: object, resolution: Optional[str],
+    seed: object, method: Optional[str], verify: Optional[str], cfg_scale: object, temperature: object,
+    top_k: object, top_p: object, window: object, tree_depth: object, tree_width: object,
+) -> RunSettings:
+    """The page's values -> validated RunSettings (ConfigError: one sentence naming the field).
+
+    The conversion itself is sjd_pac_core.settings (shared with the CLI and the nodes): empty
+    fields take the model's defaults, top-k 0 / top-p 1 are off, L may be 'auto', fractions in
+    whole-number fields are refused; seed -1 (or empty) draws a random seed, returned here.
     """
-    k = _whole(top_k, "top-k", "0 (off)") if top_k not in (None, "") else 0
-    p = None if top_p in (None, "") or float(top_p) >= 1.0 else float(top_p)
-    return SamplerConfig(
-        method=method,
-        verify=verify,
-        cfg_scale=float(cfg_scale) if cfg_scale is not None else None,
-        temperature=float(temperature) if temperature is not None else None,
-        top_k=None if k == 0 else k,
-        top_p=p,
-        window=_whole(window, "L (window)", "32"),
-        tree_depth=_whole(tree_depth, "D (tree depth)", "3"),
-        tree_width=_whole(tree_width, "K (tree width)", "4"),
+    text = check_prompt(prompt)
+    negative = check_prompt(negative_prompt)
+    config = config_from_settings(
+        defaults, method=method, window=window, tree_depth=tree_depth, tree_width=tree_width,
+        verify=verify, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
     )
+    random_seed = seed is None or (isinstance(seed, str) and not seed.strip()) or _is_minus_one(seed)
+    return RunSettings(text, negative, resolution or None, resolve_seed(seed), random_seed, config)
 
 
-def check_seed(seed: object) -> int:
-    value = _whole(seed, "seed", "0")
-    if value < 0:
-        raise ConfigError(f"seed must be >= 0, got {value}; use 0 or any positive whole number.")
-    return value
+def _is_minus_one(value: object) -> bool:
+    try:
+        return float(value) == -1  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
 
 
-def friendly_error(exc: BaseException) -> str:
+def pointless_setting_warnings(config: SamplerConfig) -> List[str]:
+    """Settings that are valid but make the chosen method no better than plain AR."""
+    warnings: List[str] = []
+    if config.method in ("sjd", "sjd_pac") and config.window == 1:
+        warnings.append(
+            f"L = 1 verifies a single draft per forward pass, so {METHOD_LABELS[config.method]} cannot "
+            "beat AR (each pass costs more); use 16-64 or 'auto'."
+        )
+    return warnings
+
+
+def friendly_error(exc: BaseException, config: Optional[SamplerConfig] = None,
+                   device: Optional[torch.device] = None) -> str:
     """One readable sentence for the page; the library's own errors already name the fix."""
     if isinstance(exc, (ConfigError, sp.ModelLoadError)):
         return str(exc)
     if isinstance(exc, torch.cuda.OutOfMemoryError) or isinstance(exc, MemoryError) or (
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
     ):
-        return (
-            "Out of memory while generating; lower L or K (or the resolution), close other programs "
-            "using the GPU, and try again."
-        )
+        return out_of_memory_message(config, device)
     return f"Generation failed ({type(exc).__name__}: {exc}); check the settings and try again."
+
+
+def out_of_memory_message(config: Optional[SamplerConfig], device: Optional[torch.device]) -> str:
+    """Name what was big: the PD tree (D, K), the window L, or neither (then the model and device)."""
+    where = "the GPU" if device is not None and device.type == "cuda" else (
+        "the Mac's GPU" if device is not None and device.type == "mps" else "this computer's memory")
+    if config is None or config.method == "ar":
+        return f"Out of memory in {where} while generating; close other programs or load the model in a smaller dtype."
+    tree = (tree_node_count(config.tree_depth, config.tree_width)
+            if config.method == "sjd_pac" and config.proactive_drafting and config.tree_depth > 1 else 0)
+    window = config.window if isinstance(config.window, int) else 0
+    if tree > max(window, 64):
+        return (f"Out of memory in {where}: each forward pass also scores the D = {config.tree_depth}, "
+                f"K = {config.tree_width} drafting tree ({tree} extra tokens); lower D or K.")
+    if window > 64:
+        return f"Out of memory in {where}: each forward pass verifies L = {window} draft tokens; lower L (32 or 'auto')."
+    return (f"Out of memory in {where} with small passes (L = {config.window}, a {tree}-node tree): the model "
+            "itself needs more memory; close other programs, use a smaller dtype or another device.")
 
 
 # --- stopping ----------------------------------------------------------------------------------
 
 class JobRegistry:
-    """One stop flag per browser session, so Stop ends that session's run and no other."""
+    """Stop flags per browser session, for queued runs as well as the running one.
+
+    A click registers a *pending* flag at once (`submit`, before the run waits in the queue);
+    the run takes the oldest pending flag of its session when it starts (`begin`). Stop sets the
+    running flag and every pending one, so a run stopped while it waited never starts.
+    """
 
     def __init__(self) -> None:
-        self._events: Dict[str, threading.Event] = {}
+        self._running: Dict[str, threading.Event] = {}
+        self._pending: Dict[str, List[threading.Event]] = {}
         self._lock = threading.Lock()
 
-    def begin(self, key: str) -> threading.Event:
+    def submit(self, key: str) -> threading.Event:
         with self._lock:
-            old = self._events.get(key)
+            event = threading.Event()
+            self._pending.setdefault(key, []).append(event)
+            return event
+
+    def begin(self, key: str) -> threading.Event:
+        """The flag of the run now starting: its pending flag (maybe already set by Stop), or a
+        fresh one for a call that did not `submit` (the API)."""
+        with self._lock:
+            pending = self._pending.get(key)
+            event = pending.pop(0) if pending else threading.Event()
+            if not pending:
+                self._pending.pop(key, None)
+            old = self._running.get(key)
             if old is not None:
                 old.set()  # one run per session: a new one ends the old one
-            event = threading.Event()
-            self._events[key] = event
+            self._running[key] = event
             return event
 
     def stop(self, key: str) -> bool:
-        """Ask the session's run to stop after the current forward pass; False if none runs."""
+        """Stop the session's run after the forward pass in flight, and its queued runs before
+        they start; False if there was nothing to stop."""
         with self._lock:
-            event = self._events.get(key)
-            if event is None or event.is_set():
-                return False
-            event.set()
-            return True
+            events = [e for e in [self._running.get(key), *self._pending.get(key, [])]
+                      if e is not None and not e.is_set()]
+            for event in events:
+                event.set()
+            return bool(events)
 
     def end(self, key: str, event: threading.Event) -> None:
         with self._lock:
-            if self._events.get(key) is event:
-                del self._events[key]
+            if self._running.get(key) is event:
+                del self._running[key]
 
     def running(self, key: str) -> bool:
         with self._lock:
-            return key in self._events
+            return key in self._running
+
+    def pending(self, key: str) -> int:
+        with self._lock:
+            return len(self._pending.get(key, []))
 
 
 # --- streaming a run ---------------------------------------------------------------------------
@@ -226,7 +317,10 @@ class Update:
     """One step of a streamed run, as the UI sees it.
 
     kind: "progress" (running), "finished", "stopped" or "failed".
-    stats: a consistent snapshot of the run so far (None before the first forward pass).
+    stats: a consistent snapshot of the run so far (None before the first forward pass);
+    progress.tokens are the tokens committed at exactly that snapshot, so an image drawn from
+    them matches the numbers shown beside it.
+    threads: the CPU thread count the run used.
     """
 
     kind: str
@@ -235,6 +329,7 @@ class Update:
     stats: Optional[sp.RunStats] = None
     result: Optional[sp.ImageResult] = None
     error: Optional[BaseException] = None
+    threads: Optional[int] = None
 
     @property
     def done(self) -> bool:
@@ -247,10 +342,30 @@ def snapshot_stats(progress: sp.Progress) -> sp.RunStats:
     return sp.RunStats(num_tokens=progress.stats.num_tokens, method=progress.stats.method, records=list(records))
 
 
+def snapshot_progress(progress: sp.Progress) -> sp.Progress:
+    """A frozen copy of the worker's Progress (its tokens and stats keep growing)."""
+    return replace(progress, stats=snapshot_stats(progress), tokens=progress.tokens.detach().clone())
+
+
+# Frames per run: a frame is shown at each 1/FRAME_MILESTONES of the image (so even a 2-second
+# run visibly fills in) and at most every `interval` seconds in between.
+FRAME_MILESTONES = 16
+# The sampler waits while a frame is drawn (its per-pass times exclude callbacks, so waiting
+# does not change the measured speed); this bounds the wait if the page has gone away.
+FRAME_HANDOFF_TIMEOUT = 10.0
+
+
+@dataclass
+class _Frame:
+    progress: sp.Progress
+    shown: threading.Event
+
+
+@dataclass
 class _Finished:
-    def __init__(self, result: Optional[sp.ImageResult] = None, error: Optional[BaseException] = None,
-                 cancelled: bool = False) -> None:
-        self.result, self.error, self.cancelled = result, error, cancelled
+    result: Optional[sp.ImageResult] = None
+    error: Optional[BaseException] = None
+    cancelled: bool = False
 
 
 def stream_generation(
@@ -262,29 +377,53 @@ def stream_generation(
     negative_prompt: str = "",
     resolution: Optional[str] = None,
     interval: float = 0.1,
+    frames: bool = True,
 ) -> Iterator[Update]:
-    """Run generate_image in a worker thread; yield an Update at most every `interval` seconds
-    while it runs (less often if showing an update is slow; and whenever a pass is slower than
-    that), then one final Update.
+    """Run generate_image in a worker thread; yield "progress" Updates while it runs, then one
+    final Update.
+
+    With `frames`, the worker hands over a frame at every 1/FRAME_MILESTONES of the tokens and
+    whenever `interval` seconds (or 3x the time the consumer took for the last frame, so that
+    drawing never takes more than ~1/4 of the run) have passed, and waits until the consumer
+    asks for the next update: the frame's tokens and numbers are exactly the sampler's at that
+    pass. Without `frames`, only the final Update comes.
 
     Setting `stop` ends the run after the forward pass in flight (the callback raises
-    GenerationCancelled; the sampler frees its cache on the way out).
+    GenerationCancelled; the sampler frees its cache on the way out). The run uses the thread
+    count of the shared rule (threads_for), restored afterwards.
     """
-    events: "queue.Queue[Union[sp.Progress, _Finished]]" = queue.Queue()
-    last: List[sp.Progress] = []  # the worker's latest pass, even if the UI skipped it
+    events: "queue.Queue[Union[_Frame, _Finished]]" = queue.Queue()
+    last: List[sp.Progress] = []  # the worker's latest pass, for a stopped or failed run
+    threads = run_threads(model)
+    pace = {"next_milestone": 0, "next_time": 0.0, "wait": interval}
+
+    def frame_due(progress: sp.Progress) -> bool:
+        committed = int(progress.tokens.shape[-1])
+        if committed >= pace["next_milestone"] or time.perf_counter() >= pace["next_time"]:
+            step = max(1, progress.num_tokens // FRAME_MILESTONES)
+            pace["next_milestone"] = (committed // step + 1) * step
+            return committed < progress.num_tokens  # the last one comes with the result
+        return False
 
     def callback(progress: sp.Progress) -> None:
         if stop.is_set():
             raise sp.GenerationCancelled("stopped from the app")
         last[:] = [progress]
-        events.put(progress)
+        if frames and frame_due(progress):
+            frame = _Frame(snapshot_progress(progress), threading.Event())
+            events.put(frame)
+            frame.shown.wait(FRAME_HANDOFF_TIMEOUT)
+            pace["next_time"] = time.perf_counter() + pace["wait"]
+            if stop.is_set():
+                raise sp.GenerationCancelled("stopped from the app")
 
     def work() -> None:
         try:
-            result = sp.generate_image(
-                model, prompt, config, seed=seed, negative_prompt=negative_prompt,
-                resolution=resolution, callback=callback,
-            )
+            with torch_threads(threads_for(model)):
+                result = sp.generate_image(
+                    model, prompt, config, seed=seed, negative_prompt=negative_prompt,
+                    resolution=resolution, callback=callback,
+                )
             events.put(_Finished(result=result))
         except sp.GenerationCancelled:
             events.put(_Finished(cancelled=True))
@@ -294,45 +433,39 @@ def stream_generation(
     start = time.perf_counter()
     worker = threading.Thread(target=work, name="sjd-pac-generate", daemon=True)
     worker.start()
-    pending: Optional[sp.Progress] = None
-    last_yield = start
-    wait = interval
     try:
         while True:
-            timeout = max(0.0, wait - (time.perf_counter() - last_yield)) if pending else None
-            try:
-                item = events.get(timeout=timeout)
-            except queue.Empty:  # a slow pass: show what we have
-                item = None
-            if isinstance(item, sp.Progress):
-                pending = item
-                if time.perf_counter() - last_yield < wait:
-                    continue
-            if isinstance(item, _Finished):
-                worker.join()
-                elapsed = time.perf_counter() - start
-                if item.result is not None:
-                    yield Update("finished", elapsed, stats=item.result.stats, result=item.result,
-                                 progress=last[0] if last else None)
-                elif item.cancelled:
-                    latest = last[0] if last else None
-                    yield Update("stopped", elapsed, progress=latest,
-                                 stats=snapshot_stats(latest) if latest else None)
-                else:
-                    latest = last[0] if last else None
-                    yield Update("failed", elapsed, progress=latest, error=item.error,
-                                 stats=snapshot_stats(latest) if latest else None)
-                return
-            if pending is not None:
-                last_yield = time.perf_counter()
-                yield Update("progress", last_yield - start, progress=pending, stats=snapshot_stats(pending))
-                pending = None
-                # Rendering and sending an update holds the GIL the sampler needs; the time until
-                # the consumer asks again is that cost. Keep it under ~1/4 of the run.
-                wait = max(interval, 3.0 * (time.perf_counter() - last_yield))
+            item = events.get()
+            if isinstance(item, _Frame):
+                handed = time.perf_counter()
+                try:
+                    yield Update("progress", handed - start, progress=item.progress,
+                                 stats=item.progress.stats, threads=threads)
+                finally:
+                    # The consumer is back for more: the time it took is the cost of a frame.
+                    pace["wait"] = max(interval, 3.0 * (time.perf_counter() - handed))
+                    item.shown.set()
+                continue
+            worker.join()
+            elapsed = time.perf_counter() - start
+            latest = snapshot_progress(last[0]) if last else None
+            if item.result is not None:
+                yield Update("finished", elapsed, stats=item.result.stats, result=item.result,
+                             progress=latest, threads=threads)
+            elif item.cancelled:
+                yield Update("stopped", elapsed, progress=latest, stats=latest.stats if latest else None,
+                             threads=threads)
+            else:
+                yield Update("failed", elapsed, progress=latest, error=item.error,
+                             stats=latest.stats if latest else None, threads=threads)
+            return
     finally:
         if worker.is_alive():  # the consumer went away (page closed): stop the worker too
             stop.set()
+            while not events.empty():  # release a frame the worker may be waiting on
+                item = events.get_nowait()
+                if isinstance(item, _Frame):
+                    item.shown.set()
             worker.join(timeout=30)
         free_memory()
 
@@ -361,3 +494,34 @@ def run_summary(stats: Optional[sp.RunStats], status: str, elapsed: float,
         summary.update(extra)
     return summary
 
+
+# --- the picture to keep -----------------------------------------------------------------------
+
+KEEP_MIN_SIDE = 512  # the demo's 64x64 is saved at 512x512 (nearest: every token's patch stays sharp)
+
+
+def upscale_to_keep(image: Image.Image, min_side: int = KEEP_MIN_SIDE) -> Image.Image:
+    """Enlarge small images by a whole factor (nearest) until the long side is >= min_side."""
+    factor = max(1, -(-min_side // max(image.size)))
+    return image if factor == 1 else image.resize((image.width * factor, image.height * factor), Image.NEAREST)
+
+
+def image_file_name(prompt: str, seed: int, method: str) -> str:
+    """e.g. "a-red-circle-on-a-blue-background_seed-42_sjd_pac.png" (safe on every file system)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:60].rstrip("-") or "unconditional"
+    return f"{slug}_seed-{seed}_{method}.png"
+
+
+def save_image(image: Image.Image, record: dict, folder: Union[str, Path]) -> Path:
+    """Write the upscaled picture as a PNG whose text chunk "sjd-pac" holds the run's settings
+    (prompt, seed and every knob) as JSON, named after prompt and seed."""
+    keep = upscale_to_keep(image)
+    info = PngImagePlugin.PngInfo()
+    info.add_text("sjd-pac", json.dumps(record, sort_keys=True))
+    info.add_text("parameters", f"{record.get('prompt', '')}\nSeed: {record.get('seed')}, "
+                                f"Sampler: {record.get('method')} ({record.get('verify')})")
+    path = Path(folder) / image_file_name(str(record.get("prompt", "")), int(record.get("seed", 0)),
+                                          str(record.get("method", "image")))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keep.save(path, format="PNG", pnginfo=info)
+    return path

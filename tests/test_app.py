@@ -3,8 +3,10 @@ gradio_client on 127.0.0.1 (a free port, inside the test process)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ import torch
 
 import sjd_pac_core as sp
 from sjd_pac_app import runner
-from sjd_pac_app.runner import JobRegistry, ModelManager, build_config, check_seed, stream_generation
+from sjd_pac_app.runner import JobRegistry, ModelManager, run_settings, stream_generation
 
 pytest.importorskip("gradio")
 from sjd_pac_app.app import SjdPacApp, launch_kwargs  # noqa: E402
@@ -76,7 +78,7 @@ def served_app(app_model, request) -> Tuple[SjdPacApp, str]:
         app = make_app(*app_model, interval=0.1)
         blocks = app.build()
         blocks.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                      quiet=True, **launch_kwargs())
+                      **launch_kwargs())
         request.addfinalizer(blocks.close)
         _SHARED["server"] = (app, blocks.local_url.rstrip("/"))
     return _SHARED["server"]
@@ -103,17 +105,55 @@ def reference_stats(model: sp.ARImageModel, method: str, verify: str = "gumbel",
 
 # --- pure pieces -------------------------------------------------------------------------------
 
+def settings_for(**changes) -> runner.RunSettings:
+    values = dict(prompt=PROMPT, negative_prompt="", resolution=None, seed=0, method="sjd", verify="gumbel",
+                  cfg_scale=3.0, temperature=1.0, top_k=0, top_p=1.0, window=16.0, tree_depth=3, tree_width=4)
+    values.update(changes)
+    return run_settings(sp.FamilyDefaults(resolutions=("64x64",), cfg_scale=2.0, window=32), **values)
+
+
 def test_settings_map_to_a_validated_config():
-    config = build_config("sjd", "gumbel", 3.0, 1.0, top_k=0, top_p=1.0, window=16.0, tree_depth=3, tree_width=4)
+    config = settings_for().config
     assert (config.method, config.verify, config.top_k, config.top_p, config.window) == ("sjd", "gumbel", None, None, 16)
-    assert build_config(top_k=50, top_p=0.9).top_k == 50
-    for bad, needle in [(dict(window=0), "window (L)"), (dict(window=2.5), "whole number"),
-                        (dict(tree_width=None), "K (tree width) is empty"), (dict(top_p=0.0), "top_p"),
-                        (dict(temperature=0.0), "temperature")]:
+    assert settings_for(top_k=50, top_p=0.9).config.top_k == 50
+    assert settings_for(window="auto").config.window == "auto"
+    # empty fields take the model's defaults (as the page's fields show them)
+    assert settings_for(cfg_scale=None, window="").config.cfg_scale == 2.0
+    assert settings_for(window="").config.window == 32
+    for bad, needle in [(dict(window=0), "window (L)"), (dict(window=2.5), "window (L) must be a whole number"),
+                        (dict(window="2.5"), "window (L) must be a whole number"),
+                        (dict(seed=2.5), "seed must be a whole number"), (dict(seed=10**30), "seed must be between"),
+                        (dict(seed=-7), "seed must be between"), (dict(top_p=0.0), "top_p"),
+                        (dict(temperature=0.0), "temperature"),
+                        (dict(method="sjd_pac", tree_depth=8, tree_width=4), "with K = 4 use D <= 4"),
+                        (dict(prompt="red " * 2100), "shorten it")]:
         with pytest.raises(sp.ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
-            build_config(**bad)
-    with pytest.raises(sp.ConfigError, match="seed must be >= 0"):
-        check_seed(-1)
+            settings_for(**bad)
+    # -1 (or empty) asks for a random seed, which is reported
+    drawn = settings_for(seed=-1)
+    assert drawn.seed_was_random and 0 <= drawn.seed < 2**32
+    assert settings_for(seed=2**64 - 1).seed == 2**64 - 1 and not settings_for(seed=3.0).seed_was_random
+    assert settings_for(seed="18446744073709551615").seed == 2**64 - 1  # the page's seed field is text
+    assert settings_for(seed=" -1 ").seed_was_random
+    assert runner.pointless_setting_warnings(settings_for(window=1).config)[0].startswith("L = 1")
+    assert runner.pointless_setting_warnings(settings_for(window=1, method="ar").config) == []
+
+
+def test_saved_picture_is_large_named_and_reproducible(tmp_path):
+    from PIL import Image
+
+    record = settings_for(seed=42, method="sjd_pac").record("demo", threads=1)
+    path = runner.save_image(Image.new("RGB", (64, 64), (200, 30, 30)), record, tmp_path)
+    assert path.name == "a-red-circle-on-a-blue-background_seed-42_sjd_pac.png"
+    with Image.open(path) as image:
+        assert image.size == (512, 512)
+        saved = json.loads(image.text["sjd-pac"])
+    assert saved == json.loads(json.dumps(record))
+    for knob in ("prompt", "seed", "method", "verify", "window", "tree_depth", "tree_width", "cfg_scale",
+                 "temperature", "top_k", "top_p", "threads"):
+        assert knob in saved
+    assert runner.image_file_name("", 1, "ar") == "unconditional_seed-1_ar.png"
+    assert runner.image_file_name("A/B: c?" * 20, 2, "ar").count("/") == 0
 
 
 def test_defaults_are_local_and_private():
@@ -122,7 +162,7 @@ def test_defaults_are_local_and_private():
     args = parse_args([])
     assert (args.host, args.port, args.model) == ("127.0.0.1", 7860, "demo")
     assert os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
-    assert launch_kwargs()["share"] is False
+    assert launch_kwargs()["share"] is False and launch_kwargs()["quiet"] is True  # no share=True banner
 
 
 def test_model_list_offers_demo_and_local_folders(tmp_path):
@@ -143,7 +183,8 @@ def test_app_starts_and_serves_even_if_the_start_model_is_missing(app_model, tmp
     assert "does not exist" in app.startup_error
     app.build()  # the page renders, with the error shown and generic controls
     out = app.select_model(spec, "")  # picking a working model fills in its family's defaults
-    assert app.manager.spec == runner.canonical_spec(spec) and out[4] == model.defaults.cfg_scale
+    assert app.manager.spec == runner.canonical_spec(spec) and out[4]["value"] == model.defaults.cfg_scale
+    assert f"default {model.defaults.cfg_scale:g}" in out[4]["info"]  # the hint quotes the model's own
 
 
 def test_charts_cover_short_long_and_empty_runs():
@@ -156,16 +197,24 @@ def test_charts_cover_short_long_and_empty_runs():
     assert plots.stats_histogram([1, 3, 1]) == {1: 2, 3: 1}
     big = plots.upscale_for_display(plots.placeholder_image(768))
     small = plots.upscale_for_display(plots.placeholder_image(64))
-    assert big.size == (512, 512) and small.size == (384, 384)
+    assert big.size == (512, 512) and small.size == (512, 512)
 
 
 def test_oom_and_other_errors_read_as_one_sentence():
-    message = runner.friendly_error(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
-    assert message.startswith("Out of memory") and "lower L or K" in message
+    oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    tree = sp.SamplerConfig(method="sjd_pac", window=32, tree_depth=4, tree_width=5)
+    message = runner.friendly_error(oom, tree, cpu)
+    assert message.startswith("Out of memory in this computer's memory") and "lower D or K" in message
+    assert "GPU" not in message and "lower L" not in message
+    message = runner.friendly_error(oom, sp.SamplerConfig(method="sjd", window=512), gpu)
+    assert "the GPU" in message and "lower L" in message and "lower D" not in message
+    message = runner.friendly_error(MemoryError(), sp.SamplerConfig(method="sjd_pac", window=32), cpu)
+    assert "the model itself" in message
     assert runner.friendly_error(sp.ModelLoadError("X is missing; fix it.")) == "X is missing; fix it."
 
 
-def test_job_registry_stops_only_its_own_session():
+def test_job_registry_stops_only_its_own_session_and_queued_runs():
     jobs = JobRegistry()
     a, b = jobs.begin("a"), jobs.begin("b")
     assert jobs.stop("a") and a.is_set() and not b.is_set()
@@ -174,16 +223,34 @@ def test_job_registry_stops_only_its_own_session():
     assert not jobs.running("a") and jobs.running("b")
     again = jobs.begin("b")  # a new run in a session ends the old one
     assert b.is_set() and not again.is_set()
+    # A click registers its run before it waits in the queue; Stop reaches it there.
+    queued = jobs.submit("c")
+    assert jobs.pending("c") == 1 and jobs.stop("c") and queued.is_set()
+    assert jobs.begin("c") is queued and jobs.pending("c") == 0  # it starts already stopped
+    jobs.end("c", queued)
+    fresh = jobs.submit("c")
+    assert jobs.begin("c") is fresh and not fresh.is_set()
 
 
 # --- generator functions, driven directly -----------------------------------------------------
 
 def test_generate_streams_updates_and_matches_the_sampler(app, app_model):
     spec, model = app_model
-    outputs = list(app.generate(*args_for(spec, model, method="sjd_pac", verify="gumbel")))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the run must use the model's thread count and restore this one
+    try:
+        outputs = list(app.generate(*args_for(spec, model, method="sjd_pac", verify="gumbel")))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
     summaries = [o[-1] for o in outputs]
     assert [s["status"] for s in summaries[:-1]] == ["progress"] * (len(summaries) - 1)
-    assert summaries[-1]["status"] == "finished" and len(summaries) >= 2
+    assert summaries[-1]["status"] == "finished"
+    # Enough frames to watch the picture fill in (one per 1/16 of the image at least), and every
+    # frame carries its own picture with its numbers (never numbers beside an older image).
+    assert len(summaries) - 1 >= runner.FRAME_MILESTONES - 1
+    assert all(hasattr(o[1], "size") for o in outputs)
+    assert summaries[-1]["settings"]["threads"] == 1 and "CPU, 1 thread" in outputs[-1][5]
     passes = [s["forward_passes"] for s in summaries]
     assert passes == sorted(passes)  # the stream only moves forward
 
@@ -195,8 +262,10 @@ def test_generate_streams_updates_and_matches_the_sampler(app, app_model):
     assert final["tokens_committed"] == final["num_tokens"] == expected.num_tokens
     assert final["histogram"] == {str(k): v for k, v in expected.histogram().items()}
 
-    tabs, image, pass_chart, hist_chart, stats_html, message, _ = outputs[-1]
-    assert min(image.size) >= 256  # the 64x64 picture, upscaled for display
+    tabs, image, download, pass_chart, hist_chart, stats_html, message, _ = outputs[-1]
+    assert min(image.size) >= 512  # the 64x64 picture, upscaled (nearest) for display
+    assert Path(download).name == f"a-red-circle-on-a-blue-background_seed-0_sjd_pac.png"
+    assert final["settings"]["seed"] == 0 and final["settings"]["prompt"] == PROMPT
     assert pass_chart.size[0] >= 400 and hist_chart.size[0] >= 400
     assert 'data-status="finished"' in stats_html and f'data-passes="{expected.forward_passes}"' in stats_html
     assert "⚠" not in message
@@ -226,7 +295,7 @@ def test_stop_button_then_next_run_works(app, app_model):
     rest = list(run)
     final = rest[-1][-1]
     assert final["status"] == "stopped" and final["forward_passes"] < final["num_tokens"]
-    assert "Stopped after" in rest[-1][5]
+    assert "Stopped after" in rest[-1][6]
     assert not app.jobs.running("local")
 
     again = list(app.generate(*args_for(spec, model, method="sjd")))[-1][-1]
@@ -237,7 +306,7 @@ def test_bad_inputs_show_a_readable_message_and_the_app_keeps_working(app, app_m
     spec, model = app_model
     missing = tmp_path / "no_such_model"
     out = list(app.generate(*args_for(spec, model, model_path=str(missing))))[-1]
-    assert out[-1]["status"] == "failed" and "does not exist" in out[5] and "⚠" in out[5]
+    assert out[-1]["status"] == "failed" and "does not exist" in out[6] and "⚠" in out[6]
 
     out = list(app.generate(*args_for(spec, model, window=0)))[-1]
     assert out[-1]["status"] == "failed" and "window (L) must be an integer >= 1" in out[-1]["error"]
@@ -270,18 +339,20 @@ def _raise_oom_after(callback):
     return wrapped
 
 
-def test_compare_runs_all_three_and_gumbel_is_token_identical(app, app_model):
+def test_compare_runs_all_three_interleaved_and_gumbel_is_token_identical(app, app_model):
     spec, model = app_model
-    outputs = list(app.compare(*args_for(spec, model, verify="gumbel")))
+    outputs = list(app.compare(*args_for(spec, model, verify="gumbel"), 1))
     report = outputs[-1][-1]
-    assert report["status"] == "finished" and report["verify"] == "gumbel"
+    assert report["status"] == "finished" and report["verify"] == "gumbel" and report["repeats"] == 1
     methods = report["methods"]
     assert list(methods) == ["ar", "sjd", "sjd_pac"]
     assert methods["ar"]["forward_passes"] == methods["ar"]["num_tokens"]
     for m in ("sjd", "sjd_pac"):
         assert methods[m]["identical_to_ar"] is True
-        assert methods[m]["speedup_vs_ar"] == pytest.approx(methods["ar"]["wall_time"] / methods[m]["wall_time"])
+        assert methods[m]["speedup_vs_ar"] == pytest.approx(
+            statistics.median(methods["ar"]["wall_times"]) / statistics.median(methods[m]["wall_times"]))
         assert methods[m]["forward_passes"] <= methods["ar"]["forward_passes"]
+    assert report["settings"]["seed"] == 0 and report["settings"]["verify"] == "gumbel"
     # the images: one per method, side by side (skipped slots keep the earlier picture)
     finals = {}
     for out in outputs:
@@ -292,7 +363,78 @@ def test_compare_runs_all_three_and_gumbel_is_token_identical(app, app_model):
     assert finals["ar"].tobytes() == finals["sjd"].tobytes() == finals["sjd_pac"].tobytes()
     cards = outputs[-1][4:7]
     assert all('data-status="finished"' in c for c in cards) and cards[2].count('class="yes"') == 1
-    assert "faster than AR" in outputs[-1][7]
+    assert "1 run" in cards[1] and "a single wall-clock measurement is noisy" in outputs[-1][7]
+
+
+def test_compare_speedup_is_the_ratio_of_median_wall_times():
+    summaries = {m: {"status": "finished"} for m in ("ar", "sjd", "sjd_pac")}
+    times = {"ar": [3.0, 9.0, 4.0], "sjd": [2.0, 1.0, 6.0], "sjd_pac": [1.0]}
+    tokens = {m: torch.arange(4) for m in ("ar", "sjd")} | {"sjd_pac": torch.arange(1, 5)}
+    SjdPacApp._update_timing(summaries, times, tokens, repeat=2, repeats=3)
+    assert summaries["sjd"]["speedup_vs_ar"] == pytest.approx(4.0 / 2.0)
+    assert summaries["sjd_pac"]["speedup_vs_ar"] == pytest.approx(4.0 / 1.0)
+    assert summaries["sjd"]["identical_to_ar"] is True and summaries["sjd_pac"]["identical_to_ar"] is False
+    assert summaries["sjd_pac"]["timing"] == "run 1 of 3" and summaries["sjd"]["timing"] == ""
+    from sjd_pac_app.app import compare_card
+
+    assert "median of 3" in compare_card("sjd", summaries["sjd"] | {"wall_time": 6.0, "forward_passes": 9,
+                                                                     "step_compression": 2.0})
+
+
+def test_stop_in_compare_leaves_every_card_final(app, app_model):
+    spec, model = app_model
+    run = app.compare(*args_for(spec, model), 1)
+    for out in run:
+        if out[-1]["methods"].get("ar", {}).get("status") == "progress":
+            break
+    app.stop()
+    final = list(run)[-1]
+    assert final[-1]["status"] == "stopped"
+    statuses = [final[-1]["methods"][m]["status"] for m in ("ar", "sjd", "sjd_pac")]
+    assert statuses == ["stopped", "skipped", "skipped"]
+    assert all("waiting" not in card for card in final[4:7]) and "Not run" in final[6]
+
+
+def test_a_run_stopped_while_queued_never_starts(app, app_model, monkeypatch):
+    spec, model = app_model
+    started = []
+    monkeypatch.setattr(runner.sp, "generate_image", lambda *a, **k: started.append(1))
+    for handler, check, extra in ((app.generate, app.check, ()), (app.compare, app.check_compare, (1,))):
+        message, ok = check(*args_for(spec, model), *extra)  # the click, before the run waits in the queue
+        assert ok and message == ""
+        app.stop()  # Stop pressed while it waits
+        outputs = list(handler(*args_for(spec, model), *extra))
+        assert outputs[-1][-1]["status"] == "stopped" and "before it started" in outputs[-1][-2]
+    assert started == []
+    final_cards = outputs[-1][4:7]
+    assert all('data-status="skipped"' in card for card in final_cards)
+    monkeypatch.undo()
+    app.check(*args_for(spec, model))  # a new click after the stop runs normally
+    assert list(app.generate(*args_for(spec, model, method="sjd")))[-1][-1]["status"] == "finished"
+
+
+def test_check_refuses_bad_settings_at_once(app, app_model):
+    spec, model = app_model
+    message, ok = app.check(*args_for(spec, model, tree_depth=8, tree_width=4))
+    assert not ok and "with K = 4 use D &lt;= 4" in message and app.jobs.pending("local") == 0
+    message, ok = app.check(*args_for(spec, model, prompt="red " * 2100))
+    assert not ok and "2100 words" in message
+    message, ok = app.check_compare(*args_for(spec, model), 0)
+    assert not ok and "Repeats must be between 1" in message
+    message, ok = app.check(*args_for(spec, model, window=1))
+    assert ok and "L = 1" in message
+    app.jobs.stop("local")
+    list(app.generate(*args_for(spec, model)))  # consumes the stopped pending run
+
+
+def test_random_seeds_give_different_pictures(app, app_model):
+    spec, model = app_model
+    runs = [list(app.generate(*args_for(spec, model, seed=-1, method="sjd")))[-1] for _ in range(2)]
+    seeds = [run[-1]["settings"]["seed"] for run in runs]
+    assert all(run[-1]["settings"]["seed_was_random"] for run in runs) and seeds[0] != seeds[1]
+    assert runs[0][1].tobytes() != runs[1][1].tobytes()
+    for run, seed in zip(runs, seeds):
+        assert f"Seed {seed} (random)" in run[5] and f"seed-{seed}" in Path(run[2]).name
 
 
 # --- the served app, through gradio_client ------------------------------------------------------
@@ -325,8 +467,12 @@ def test_served_app_streams_stops_and_survives_errors(served_app, app_model):
     # A bad folder and an out-of-range knob: readable messages, and the server keeps serving.
     bad = client.predict(*args_for(spec, model, model_path="/nonexistent/model"), api_name="/generate")
     assert bad[-1]["status"] == "failed" and "does not exist" in bad[-1]["error"]
-    bad = client.predict(*args_for(spec, model, tree_width=0), api_name="/generate")
-    assert "tree_width (K) must be an integer >= 1" in bad[-1]["error"]
+    bad = client.predict(*args_for(spec, model, window="2.5"), api_name="/generate")
+    assert "window (L) must be a whole number" in bad[-1]["error"]
+    bad = client.predict(*args_for(spec, model, tree_depth=8, tree_width=4), api_name="/generate")
+    assert "with K = 4 use D <= 4" in bad[-1]["error"]
+    ok = client.predict(*args_for(spec, model, tree_depth=5, tree_width=3), api_name="/generate")  # 120 nodes
+    assert ok[-1]["status"] == "finished"  # within the budget, though above the page's first D top
 
     again = client.predict(*args_for(spec, model, method="sjd"), api_name="/generate")
     assert again[-1]["status"] == "finished"

@@ -1,23 +1,29 @@
 """The app in a real browser: Debian's chromium driven by Python Playwright (never
 `playwright install`; CI installs chromium with `apt-get install -y chromium`).
 
-Set SJD_PAC_APP_SCREENSHOT=docs/app_screenshot.png to refresh the screenshot in the docs.
+One app server (127.0.0.1) and one chromium serve the whole module; the demo runs take seconds.
+Set SJD_PAC_APP_SCREENSHOT=docs/app_screenshot.png (and SJD_PAC_APP_SCREENSHOT_PHONE=
+docs/app_screenshot_phone.png) to refresh the screenshots in the docs.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import os
 from pathlib import Path
 
 import pytest
 
-from test_app import PROMPT, app_model, reference_stats, served_app  # noqa: F401  (shared session fixtures)
+from test_app import PROMPT, app_model, served_app  # noqa: F401  (shared session fixtures)
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
+GUMBEL = "gumbel (seed-exact: same tokens as AR)"
+RUN_TIMEOUT = 120_000  # ms; the demo runs take seconds, the shared 2-core machine can be slow
 
 pytestmark = [
     pytest.mark.browser,
@@ -26,42 +32,230 @@ pytestmark = [
 ]
 
 
-def test_generate_in_the_browser_shows_image_chart_and_stats(served_app, app_model, tmp_path):  # noqa: F811
+@pytest.fixture(scope="module")
+def browser():
     sync_api = pytest.importorskip("playwright.sync_api")
-    _, url = served_app
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1100})
-            outside: list = []  # the page must load nothing from outside this machine
-            page.on("request", lambda r: outside.append(r.url)
-                    if r.url.split(":", 1)[0] in ("http", "https", "ws", "wss")
-                    and not r.url.split("//", 1)[1].startswith(("127.0.0.1", "localhost")) else None)
-            page.goto(url, wait_until="domcontentloaded")
-            page.wait_for_selector("#run-stats [data-status='idle']", timeout=30_000)
-
-            page.fill("#prompt textarea", PROMPT)
-            page.get_by_label("gumbel (seed-exact: same tokens as AR)").check()
-            page.click("#generate-btn")
-            page.wait_for_selector("#run-stats [data-status='finished']", timeout=60_000)
-
-            passes = int(page.get_attribute("#run-stats [data-status]", "data-passes"))
-            assert passes == reference_stats(app_model[1], "sjd_pac", "gumbel").forward_passes
-            stats_text = page.inner_text("#run-stats")
-            assert "finished" in stats_text.lower() and "step compression" in stats_text.lower()
-            for selector in ("#preview-image img", "#pass-chart img", "#hist-chart img"):
-                # poll: the <img> is swapped for the final picture as the run ends
-                page.wait_for_function(
-                    "sel => { const img = document.querySelector(sel);"
-                    " return img !== null && img.complete && img.naturalWidth >= 256; }",
-                    arg=selector, timeout=15_000,
-                )
-            assert "⚠" not in page.inner_text("#message")
-            assert outside == [], f"the page requested outside URLs: {outside[:5]}"
-
-            page.screenshot(path=str(tmp_path / "app.png"), full_page=True)
-            target = os.environ.get("SJD_PAC_APP_SCREENSHOT")
-            if target:
-                page.screenshot(path=target, full_page=True)
+            yield chromium
         finally:
-            browser.close()
+            chromium.close()
+
+
+def open_page(browser, url: str, width: int = 1440, height: int = 1100):
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.goto(url, wait_until="domcontentloaded")
+    page.wait_for_selector("#run-stats [data-status='idle']", timeout=30_000)
+    return page
+
+
+def status(page) -> str:
+    return page.get_attribute("#run-stats [data-status]", "data-status")
+
+
+def set_number(page, selector: str, value: str) -> None:
+    field = page.locator(selector)
+    field.fill(value)
+    field.press("Tab")
+
+
+def wait_status(page, *wanted: str, timeout: int = RUN_TIMEOUT) -> str:
+    selector = ", ".join(f"#run-stats [data-status='{w}']" for w in wanted)
+    page.wait_for_selector(selector, timeout=timeout)
+    return status(page)
+
+
+# --- items 1 and 2: refused at once while another tab runs; Stop on a queued run ---------------
+
+def test_budget_error_is_immediate_and_a_queued_run_stopped_never_starts(served_app, browser):  # noqa: F811
+    _, url = served_app
+    busy, page = open_page(browser, url), open_page(browser, url)
+    try:
+        # Tab 1 holds the sampler with a comparison (AR, SJD, SJD-PAC, three times: the longest).
+        busy.get_by_role("tab", name="Compare").click()
+        busy.click("#compare-btn")
+        busy.wait_for_selector("#compare-card-ar [data-status='progress']", timeout=RUN_TIMEOUT)
+        running = "#compare-summary [data-status='progress']"
+
+        # Tab 2: the slider tops follow the tree budget (D's top is 4 at K = 4, 8 at K = 2), and a
+        # depth typed past the top is held at the top: the page cannot send an oversize tree.
+        depth_top = "#tree-depth input[type=range]"
+        assert page.get_attribute(depth_top, "max") == "4"
+        set_number(page, "#tree-width input[type=number]", "2")
+        page.wait_for_function(f"() => document.querySelector('{depth_top}').max === '8'", timeout=10_000)
+        set_number(page, "#tree-width input[type=number]", "4")
+        page.wait_for_function(f"() => document.querySelector('{depth_top}').max === '4'", timeout=10_000)
+        set_number(page, "#tree-depth input[type=number]", "8")
+        assert page.input_value(depth_top) == "4"
+        # Settings are checked at once, outside the queue, while tab 1 still holds the sampler.
+        page.fill("#window input", "2.5")
+        page.keyboard.press("Enter")
+        page.click("#generate-btn")
+        page.wait_for_selector("#message .error-line", timeout=5_000)
+        assert "window (L) must be a whole number" in page.inner_text("#message")
+        assert busy.locator(running).count() == 1 and status(page) == "idle"
+        page.fill("#window input", "auto")
+        page.keyboard.press("Enter")
+
+        # The page keeps answering: a valid run queues behind tab 1; Stop while it waits.
+        page.click("#generate-btn")
+        page.wait_for_function("() => !document.querySelector('#message .error-line')", timeout=5_000)
+        page.click("#stop-btn")
+        assert busy.locator(running).count() == 1  # tab 2's run was still waiting when stopped
+        busy.click("#stop-btn")  # then end tab 1 early too
+        busy.wait_for_selector("#compare-summary [data-status='stopped']", state="attached", timeout=RUN_TIMEOUT)
+        assert wait_status(page, "stopped", "finished", "progress") == "stopped"
+        assert page.get_attribute("#run-stats [data-status]", "data-passes") == ""  # no forward pass ran
+        assert "before it started" in page.inner_text("#message")
+    finally:
+        busy.close()
+        page.close()
+
+
+# --- item 4 (and the basics): random seeds, the seed shown, the picture to keep -----------------
+
+def test_two_runs_with_random_seeds_give_two_pictures_to_keep(served_app, browser, tmp_path):  # noqa: F811
+    from PIL import Image
+
+    _, url = served_app
+    page = open_page(browser, url)
+    outside: list = []  # the page must load nothing from outside this machine
+    page.on("request", lambda r: outside.append(r.url)
+            if r.url.split(":", 1)[0] in ("http", "https", "ws", "wss")
+            and not r.url.split("//", 1)[1].startswith(("127.0.0.1", "localhost")) else None)
+    try:
+        assert page.locator("#seed input, #seed textarea").first.input_value() == "-1"
+        assert "circle" in page.inner_text("#prompt-words")  # the demo's vocabulary, next to the prompt
+        page.fill("#prompt textarea", PROMPT)
+        seeds, pictures = [], []
+        for run in range(2):
+            if run == 0:
+                page.click("#generate-btn")
+            else:  # Ctrl+Enter generates too
+                page.focus("#prompt textarea")
+                page.keyboard.press("Control+Enter")
+                page.wait_for_selector("#run-stats [data-status='progress']", timeout=RUN_TIMEOUT)
+            assert wait_status(page, "finished") == "finished"
+            line = page.inner_text("#run-stats .run-line")
+            seed = int(line.split("Seed ", 1)[1].split(" ", 1)[0])
+            assert "(random)" in line and "CPU, 1 thread" in line
+            link = page.locator("#download-file a").first
+            page.wait_for_function(
+                f"() => [...document.querySelectorAll('#download-file a')].some(a => a.href.includes('seed-{seed}_'))",
+                timeout=15_000)
+            href = [h for h in page.eval_on_selector_all("#download-file a", "els => els.map(a => a.href)")
+                    if f"seed-{seed}_" in h][0]
+            assert link is not None and "a-red-circle-on-a-blue-background_seed-" in href
+            body = page.request.get(href).body()
+            with Image.open(io.BytesIO(body)) as image:
+                assert max(image.size) >= 512
+                record = json.loads(image.text["sjd-pac"])
+                pictures.append(image.convert("RGB").tobytes())
+            assert record["seed"] == seed and record["prompt"] == PROMPT
+            assert {"method", "verify", "window", "tree_depth", "tree_width", "cfg_scale", "temperature"} <= set(record)
+            seeds.append(seed)
+        assert seeds[0] != seeds[1] and pictures[0] != pictures[1]
+
+        stats_text = page.inner_text("#run-stats").lower()
+        assert "finished" in stats_text and "step compression" in stats_text
+        for selector in ("#preview-image img", "#pass-chart img", "#hist-chart img"):
+            page.wait_for_function(
+                "sel => { const img = document.querySelector(sel);"
+                " return img !== null && img.complete && img.naturalWidth >= 256; }",
+                arg=selector, timeout=15_000,
+            )
+        assert "⚠" not in page.inner_text("#message")
+        assert outside == [], f"the page requested outside URLs: {outside[:5]}"
+        page.screenshot(path=str(tmp_path / "app.png"), full_page=True)
+        target = os.environ.get("SJD_PAC_APP_SCREENSHOT")
+        if target:
+            page.screenshot(path=target, full_page=True)
+    finally:
+        page.close()
+
+
+# --- item 6: Compare is seed-exact by default ---------------------------------------------------
+
+def test_compare_shows_identical_yes_and_stop_leaves_every_card_final(served_app, browser):  # noqa: F811
+    _, url = served_app
+    page = open_page(browser, url)
+    try:
+        page.get_by_role("tab", name="Compare").click()
+        assert page.locator("#compare-verify input[value='gumbel']").is_checked()
+        set_number(page, "#compare-repeats input", "1")
+        page.click("#compare-btn")
+        page.wait_for_selector("#compare-summary [data-status='finished']", timeout=3 * RUN_TIMEOUT)
+        for m in ("sjd", "sjd_pac"):
+            card = page.inner_text(f"#compare-card-{m}")
+            assert "identical to AR\tyes" in card or "identical to AR yes" in card.replace("\n", " ")
+        assert "noisy" in page.inner_text("#compare-summary")
+
+        page.click("#compare-btn")  # again, and stop it during AR: every card reaches a final state
+        page.wait_for_selector("#compare-card-ar [data-status='progress']", timeout=RUN_TIMEOUT)
+        page.click("#stop-btn")
+        page.wait_for_selector("#compare-card-sjd_pac [data-status='skipped']", timeout=RUN_TIMEOUT)
+        final = [page.get_attribute(f"#compare-card-{m} [data-status]", "data-status") for m in ("ar", "sjd", "sjd_pac")]
+        assert set(final) <= {"finished", "stopped", "skipped"} and "stopped" in final, final
+    finally:
+        page.close()
+
+
+# --- item 12: a phone-sized layout ----------------------------------------------------------------
+
+OVERFLOW_JS = """() => {
+  const width = document.documentElement.clientWidth;
+  const bad = [];
+  for (const el of document.querySelectorAll('#run-stats *, .gradio-container *')) {
+    const box = el.getBoundingClientRect();
+    if (box.width === 0 || box.height === 0) continue;
+    let clipped = false;  // inside a scroller or a clipping box: not a page overflow
+    for (let p = el.parentElement; p && p !== document.body; p = p.parentElement) {
+      const s = getComputedStyle(p);
+      if (s.overflowX !== 'visible' && p.getBoundingClientRect().right <= width + 1) { clipped = true; break; }
+    }
+    if (!clipped && (box.right > width + 1 || box.left < -1)) bad.push((el.id || el.className || el.tagName) + ' ' + Math.round(box.right));
+  }
+  return {scroll: document.documentElement.scrollWidth, width, bad: bad.slice(0, 10)};
+}"""
+
+CONTRAST_JS = """(sel) => {
+  const parse = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+                                return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
+  const background = (el) => { for (let e = el; e; e = e.parentElement) {
+      const c = parse(getComputedStyle(e).backgroundColor); if (c.length >= 3 && (c.length < 4 || c[3] > 0.5)) return c; }
+    return [255, 255, 255]; };
+  return [...document.querySelectorAll(sel)].filter(e => e.innerText.trim()).map(e => {
+    const a = lum(parse(getComputedStyle(e).color)), b = lum(background(e));
+    return [e.innerText.slice(0, 30), (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)]; });
+}"""
+
+
+def test_phone_layout_has_results_near_the_button_no_overflow_and_readable_hints(served_app, browser, tmp_path):  # noqa: F811
+    _, url = served_app
+    page = open_page(browser, url, width=400, height=860)
+    try:
+        page.get_by_label(GUMBEL).check()
+        page.click("#generate-btn")
+        assert wait_status(page, "finished") == "finished"
+        layout = page.evaluate(OVERFLOW_JS)
+        assert layout["scroll"] <= layout["width"] and layout["bad"] == [], layout
+        button = page.locator("#generate-btn").bounding_box()
+        stats = page.locator("#run-stats").bounding_box()
+        image = page.locator("#preview-image").bounding_box()
+        assert stats["y"] - (button["y"] + button["height"]) < 250  # the results follow the buttons
+        assert image["y"] < stats["y"] + 700 and image["width"] >= 300
+        for selector in (".hint", "[data-testid='block-info'] + div, .info-text", ".stat .label", ".stat .sub"):
+            measured = page.evaluate(CONTRAST_JS, selector)
+            assert measured, f"no text found for {selector}"
+            for text, ratio in measured:
+                assert ratio >= 4.5, f"{text!r}: contrast {ratio:.2f}:1 is below WCAG AA"
+        page.screenshot(path=str(tmp_path / "phone.png"), full_page=True)
+        target = os.environ.get("SJD_PAC_APP_SCREENSHOT_PHONE")
+        if target:  # what a phone shows from the prompt down
+            page.evaluate("window.scrollTo(0, document.querySelector('#prompt').getBoundingClientRect().top"
+                          " + window.scrollY - 8)")
+            page.screenshot(path=target, full_page=False)
+    finally:
+        page.close()

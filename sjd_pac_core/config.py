@@ -37,6 +37,8 @@ class SamplerConfig:
         distribution of the furthest position the last pass computed) or "uniform".
     cfg_scale, temperature, top_k, top_p: the sampling recipe, applied identically by every
         method (classifier-free guidance needs an unconditional prompt).
+    compile: compile the fixed-shape forward pass with torch.compile (CUDA graphs on a GPU).
+        The first run pays the compilation (see the README); the tokens are the same.
     """
 
     method: Method = "sjd_pac"
@@ -51,6 +53,7 @@ class SamplerConfig:
     temperature: float = 1.0
     top_k: Optional[int] = None
     top_p: Optional[float] = None
+    compile: bool = False
 
     def __post_init__(self) -> None:
         self.validate()

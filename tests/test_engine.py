@@ -174,6 +174,20 @@ def test_generic_adapter_computes_only_the_allowed_head_rows(lm, monkeypatch):
     assert torch.equal(restricted.tokens, full.tokens)
 
 
+def test_restricted_head_in_a_token_space(lm, monkeypatch):
+    """With a token space (sampler id i = model id space[i]) the head rows are the space's."""
+    space = torch.arange(8, 56)
+    config = sp.SamplerConfig(method="sjd_pac", window=16, verify="gumbel")
+    adapter = CausalLMAdapter(lm, token_space=space)
+    restricted = sp.sample_tokens(adapter, PROMPT, NUM_TOKENS, config=config, seed=4, allowed_tokens=list(range(40)))
+    assert adapter.restricted_rows.shape[0] == 40
+    assert torch.equal(adapter.restricted_rows, lm.lm_head.weight[8:48])
+    monkeypatch.setattr(causal_lm, "PLAIN_HEAD_MODEL_TYPES", ())
+    full = sp.sample_tokens(CausalLMAdapter(lm, token_space=space), PROMPT, NUM_TOKENS, config=config, seed=4,
+                            allowed_tokens=list(range(40)))
+    assert torch.equal(restricted.tokens, full.tokens)
+
+
 class TreeEveryPassDrafter(drafters.PACDrafter):
     """A drafter that differs from the built-in ones: a PD tree after every pass."""
 

@@ -230,16 +230,16 @@ class CausalLMAdapter(TokenModel):
         return {"input_ids": ids}
 
     def restrict_head(self, vocabulary: Optional[torch.Tensor]) -> None:
-        """Compute only the head rows of tokens that may ever be sampled (bool [V], or None).
+        """Compute only the head rows of tokens that may ever be sampled (bool [V] in the
+        sampler's token space, or None for the whole head).
 
         Exact: every other token is masked out at every position anyway. Done where the head is
-        a plain linear map of the last hidden state (PLAIN_HEAD_MODEL_TYPES) and the sampler
-        works in the model's own vocabulary; the rows are copied once per distinct set.
+        a plain linear map of the last hidden state (PLAIN_HEAD_MODEL_TYPES); the rows are
+        copied once per distinct set.
         """
         head = self.model.get_output_embeddings()
         plain = (
-            self.token_space is None
-            and getattr(self.model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
+            getattr(self.model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
             and isinstance(head, torch.nn.Linear) and head.bias is None
             and head.weight.device.type != "meta"
         )
@@ -249,11 +249,12 @@ class CausalLMAdapter(TokenModel):
         ids = vocabulary.nonzero().flatten().to(head.weight.device)
         if self.restricted_ids is not None and torch.equal(ids, self.restricted_ids):
             return
-        if ids.numel() == self.vocab_size:
-            self.restricted_ids = self.restricted_rows = None
+        if self.token_space is None and ids.numel() == self.vocab_size:
+            self.restricted_ids = self.restricted_rows = None  # the whole head is needed
             return
+        model_ids = ids if self.token_space is None else self.token_space.to(ids.device)[ids]
         with torch.no_grad():
-            self.restricted_rows = head.weight.index_select(0, ids).detach()
+            self.restricted_rows = head.weight.index_select(0, model_ids).detach()
         self.restricted_ids = ids
 
     def _fixed_shape_step(self, inputs: dict, mask, positions, cache) -> torch.Tensor:

@@ -34,7 +34,7 @@ from .state import DecodeState
 from .stats import PassRecord, RunStats
 from .sync import SyncCounter, copy_to_device, synchronize, to_device
 from .timing import ForwardTimer
-from .verdict import PassOutcome, TokenRef, Verdict, walk
+from .verdict import PassOutcome, Verdict, walk
 from .window import CANDIDATE_WINDOWS, PROBE_SIZES, AutoWindow, FixedWindow, measure_cost_curve
 
 

@@ -75,9 +75,6 @@ class CausalLMSession(DecoderSession):
             self.columns = torch.arange(capacity, device=device)
         # A key is valid unless it is a left-padding column of its row (CFG rows differ in length).
         self.key_valid = self.columns.unsqueeze(0) >= self.pad.unsqueeze(1)
-        blocked = torch.finfo(self.adapter.mask_dtype).min
-        self.key_bias = torch.zeros(self.key_valid.shape, dtype=self.adapter.mask_dtype, device=device)
-        self.key_bias.masked_fill_(~self.key_valid, blocked)
         self.masks = {}
 
     def configure(self, extra_tokens: int, vocabulary: Optional[torch.Tensor] = None, compile: bool = False) -> None:
@@ -126,7 +123,8 @@ class CausalLMSession(DecoderSession):
     def _mask(self, attend: torch.Tensor, past: int, size: int) -> torch.Tensor:
         """The pass's additive mask: committed keys by validity, the new block by `attend`,
         everything after blocked. Only the columns that changed since the last pass of this
-        size are written."""
+        size are written: those `tree_attention_mask` gives for the keys committed since then
+        and the new block."""
         buf = self.masks.get(size)
         if buf is None:
             shape = (self.key_valid.shape[0], 1, size, self.cursor.capacity)
@@ -134,16 +132,13 @@ class CausalLMSession(DecoderSession):
                 values = torch.full(shape, torch.finfo(self.adapter.mask_dtype).min, dtype=self.adapter.mask_dtype,
                                     device=self.key_valid.device)
             buf = self.masks[size] = _PassMask(values)
-        blocked = torch.finfo(self.adapter.mask_dtype).min
         if past < buf.valid_upto:  # the cache shrank (a new prompt on a reused session): redo those
             buf.dirty_upto, buf.valid_upto = max(buf.dirty_upto, buf.valid_upto), past
-        if past > buf.valid_upto:
-            buf.values[:, 0, :, buf.valid_upto : past] = self.key_bias[:, None, buf.valid_upto : past]
+        first = buf.valid_upto
         if buf.dirty_upto > past + size:
-            buf.values[:, :, :, past + size : buf.dirty_upto] = blocked
-        block = torch.zeros(attend.shape, dtype=self.adapter.mask_dtype, device=self.key_valid.device)
-        block.masked_fill_(~attend.to(block.device), blocked)
-        buf.values[:, 0, :, past : past + size] = block
+            buf.values[:, :, :, past + size : buf.dirty_upto] = torch.finfo(self.adapter.mask_dtype).min
+        changed = tree_lib.tree_attention_mask(attend, self.key_valid[:, first:past], self.adapter.mask_dtype)
+        buf.values[:, :, :, first : past + size] = changed
         buf.valid_upto, buf.dirty_upto = past, past + size
         return buf.values if self.compiled else buf.values[..., : past + size]
 

@@ -14,7 +14,7 @@ where the attention mask hides everything that is not valid). So:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch

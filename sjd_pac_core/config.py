@@ -68,6 +68,8 @@ class SamplerConfig:
         distribution of the furthest position the last pass computed) or "uniform".
     cfg_scale, temperature, top_k, top_p: the sampling recipe, applied identically by every
         method (classifier-free guidance needs an unconditional prompt).
+    compile: compile the fixed-shape forward pass with torch.compile (CUDA graphs on a GPU).
+        The first run pays the compilation (see the README); the tokens are the same.
     """
 
     method: Method = "sjd_pac"

@@ -2,28 +2,41 @@
 
 Plain AR is SJD with an empty window. SJD-PAC adds Adaptive Continuation (keep drafts after the
 first rejection, coupled to the stale p) and Proactive Drafting (a tree of candidates after the
-rejection point). Each iteration: one forward pass, a handful of tensor ops, one host sync.
+rejection point). A pass is a fixed sequence of typed stages:
+
+    plan     the draft (window + tree) laid out as one fixed-shape batch of nodes (PassPlan)
+    forward  one model pass over the nodes on top of the KV cache
+    verify   every decision of the pass on the device (Verdict)
+    sync     the decisions to the host: the pass's one host sync (Decisions)
+    walk     a pure function of those host values: the accepted path (PassOutcome)
+    commit   the path's tokens and the final token; the cache keeps the path's entries
+    draft    the Drafter strategy makes the next pass's draft (drafters.py)
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..config import ConfigError, SamplerConfig
+from ..config import SamplerConfig
 from ..models.base import TokenModel
 from ..models.causal_lm import as_token_model
-from ..sampling.drafting import adaptive_continuation, candidate_count, initial_proposals
+from ..sampling import rules
+from ..sampling.constraint_table import ConstraintTable
 from ..sampling.recipe import SamplingRecipe, TokenConstraints, process
-from ..sampling.rules import make_rule
 from ..sampling.tree import TreeLayout, build_tree_layout
+from . import drafters
+from .drafters import Draft, DraftContext, PassReport
 from .inputs import check_sample_inputs
-from .state import DecodeState, DraftWindow, PassOutcome
+from .state import DecodeState
 from .stats import PassRecord, RunStats
-from .window import AutoWindow, FixedWindow, measure_cost_curve
+from .sync import SyncCounter, copy_to_device, synchronize, to_device
+from .timing import ForwardTimer
+from .verdict import PassOutcome, Verdict, walk
+from .window import CANDIDATE_WINDOWS, PROBE_SIZES, AutoWindow, FixedWindow, measure_cost_curve
 
 
 class GenerationCancelled(RuntimeError):
@@ -83,6 +96,58 @@ def sample_tokens(
         return _Decoder(token_model, inputs.config, inputs.seed, inputs.constraints).run(inputs.prompts, inputs.callback)
 
 
+@dataclass(frozen=True)
+class PassShape:
+    """A pass layout padded to its fixed envelope, on the device; built once per shape and run.
+
+    Nodes beyond the layout's are padding: token 0 at the root's position, seeing only
+    themselves, never read. The node tokens of a pass are one gather from
+    [root, tree candidates (row-major), chain drafts, padding token] by `token_source`.
+    """
+
+    layout: TreeLayout
+    envelope: int
+    depths: torch.Tensor  # long [E]
+    attend: torch.Tensor  # bool [E, E]
+    token_source: torch.Tensor  # long [E]
+    main: torch.Tensor  # long [m + 1]: main-branch node at each depth
+    parent_level: torch.Tensor  # long [P]: the level of tree parent node i (nodes 0..P-1)
+
+    @staticmethod
+    def build(widths: Tuple[int, ...], chain_len: int, envelope: int, device: torch.device) -> "PassShape":
+        layout = build_tree_layout(widths, chain_len)
+        s, levels = layout.num_nodes, layout.levels
+        width = max(widths) if widths else 1
+        pad = envelope - s
+        num_tree = s - chain_len
+        source = torch.cat([
+            torch.zeros(1, dtype=torch.long),
+            1 + (layout.depths[1:num_tree] - 1) * width + layout.candidate_index[1:num_tree],
+            1 + levels * width + torch.arange(chain_len),
+            torch.full((pad,), 1 + levels * width + chain_len, dtype=torch.long),
+        ])
+        attend = torch.eye(envelope, dtype=torch.bool)
+        attend[:s, :s] = layout.attend
+        depths = torch.cat([layout.depths, torch.zeros(pad, dtype=torch.long)])
+        parents = layout.level_offsets[levels] if levels else 0
+        return PassShape(
+            layout=layout, envelope=envelope, depths=copy_to_device(depths, device),
+            attend=copy_to_device(attend, device), token_source=copy_to_device(source, device),
+            main=copy_to_device(layout.main_path, device),
+            parent_level=copy_to_device(layout.depths[:parents], device),
+        )
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """Stage 1's result: what the pass feeds and how its nodes relate to the draft."""
+
+    shape: PassShape
+    draft: Draft
+    start: int  # n, committed tokens before the pass
+    tokens: torch.Tensor  # long [E], the node tokens (padding included)
+
+
 class _Decoder:
     """One run of the loop. Holds the run's constants; DecodeState holds what changes."""
 
@@ -92,31 +157,39 @@ class _Decoder:
         self.model = model
         self.config = config
         self.device = model.device
-        self.constraints = constraints.to(self.device)
+        self.num_tokens = constraints.num_tokens
+        self.constraints = ConstraintTable(constraints, self.device)  # masks built once per run
         self.recipe = SamplingRecipe(config.cfg_scale, config.temperature, config.top_k, config.top_p)
-        self.rule = make_rule(config.verify, seed, model.vocab_size, self.device)
+        self.drafter = drafters.make_drafter(config)  # looked up per run: the strategy seam
+        largest_window = config.window if isinstance(config.window, int) else max(CANDIDATE_WINDOWS)
+        self.largest_window = largest_window if config.method != "ar" else 0
+        span = largest_window + config.tree_depth + 2  # the most positions one pass touches
+        self.rule = rules.make_rule(config.verify, seed, model.vocab_size, self.device,
+                                    num_tokens=self.num_tokens, span=span)
         self.seed = seed
         self.window_policy = FixedWindow(config.window_size)  # replaced after the prefill if "auto"
-
-    # --- small helpers ----------------------------------------------------------------------
-    def _positions(self, start: int, count: int) -> torch.Tensor:
-        return torch.arange(start, start + count, device=self.device)
-
-    def _new_drafts(self, state_logits: torch.Tensor, start: int, count: int) -> DraftWindow:
-        positions = self._positions(start, count)
-        q = initial_proposals(state_logits, positions, self.recipe, self.constraints, self.config.init_proposal)
-        return DraftWindow(self.rule.draw(q, positions), q)
+        self.positions = torch.arange(self.num_tokens + span + self.drafter.max_side_nodes + 2, device=self.device)
+        self.ctx = DraftContext(self.rule, self.recipe, self.constraints, self.num_tokens,
+                                config.init_proposal, self.positions)
+        self.shapes: Dict[Tuple[Tuple[int, ...], int, int], PassShape] = {}
+        self.timer = ForwardTimer(self.device)
 
     def _window_target(self, num_committed: int) -> int:
-        return min(self.window_policy.next_window(), self.constraints.num_tokens - num_committed)
+        return min(self.window_policy.next_window(), self.num_tokens - num_committed)
 
     # --- the run ----------------------------------------------------------------------------
     def run(self, prompts: List[torch.Tensor], callback: Optional[Callback]) -> SampleResult:
-        n_tokens = self.constraints.num_tokens
-        stats = RunStats(num_tokens=n_tokens, method=self.config.method)
+        stats = RunStats(num_tokens=self.num_tokens, method=self.config.method)
         session = self.model.open_session(prompts)
         try:
+            # Size the cache once: the image, the largest pass and the auto window's probe.
+            largest_pass = 1 + self.largest_window + self.drafter.max_side_nodes
+            session.configure(self.num_tokens + max(largest_pass, max(PROBE_SIZES)) + 1,
+                              vocabulary=self.constraints.rows.any(0))
             state = self._prefill(session, stats, callback)
+            if self.config.compile:
+                session.configure(0, vocabulary=self.constraints.rows.any(0), compile=True)
+                stats.warmup_time = self._warm_up(state)
             while not state.done:
                 self._iterate(state, stats, callback)
             tokens = state.committed.cpu()
@@ -125,185 +198,151 @@ class _Decoder:
         return SampleResult(tokens=tokens, stats=stats, config=self.config, seed=self.seed)
 
     def _prefill(self, session, stats: RunStats, callback: Optional[Callback]) -> DecodeState:
-        start = time.perf_counter()
+        start, syncs = time.perf_counter(), SyncCounter.count
+        self.timer.start()
         logits = session.prefill()  # [B, V]
-        forward_time = time.perf_counter() - start
-        pos0 = self._positions(0, 1)
+        self.timer.stop()
+        pos0 = self.positions[:1]
+        self.rule.prepare(0)
         p0 = process(logits.unsqueeze(1), pos0, self.recipe, self.constraints)
-        committed = torch.zeros(self.constraints.num_tokens, dtype=torch.long, device=self.device)
-        committed[0] = self.rule.draw(p0, pos0)[0]
+        committed = torch.zeros(self.num_tokens, dtype=torch.long, device=self.device)
+        committed[:1] = self.rule.draw(p0, pos0)
         if self.config.auto_window:
             cost = measure_cost_curve(self.model, session, committed[0])
             self.window_policy = AutoWindow(cost, extra_nodes=self.config.tree_side_nodes)
-        state = DecodeState(
-            session=session,
-            committed=committed,
-            num_committed=1,
-            window=self._new_drafts(logits, 1, self._window_target(1)),
-            proposal_logits=logits,
-        )
-        self._record(state, stats, callback, start, forward_time, committed=1, window=0,
-                     tree_nodes=0, first_reject=-1, kept_by_ac=0, branch=())
+        target = self._window_target(1)
+        self.rule.prepare(1)
+        draft = self.drafter.first(self.ctx, logits, 1, target)
+        synchronize(self.device)  # the prefill's timing (its one sync)
+        SyncCounter.count += 1
+        state = DecodeState(session=session, committed=committed, num_committed=1, draft=draft, target=target)
+        self._record(state, stats, callback, start, syncs, committed=1, window=0, tree_nodes=0,
+                     first_reject=-1, kept_by_ac=0, branch=(), envelope=0)
         return state
 
     def _iterate(self, state: DecodeState, stats: RunStats, callback: Optional[Callback]) -> None:
+        start, syncs = time.perf_counter(), SyncCounter.count
+        plan = self._plan(state)
+        logits = self._forward(state, plan)
+        verdict = self._verify(state, plan, logits)
+        decisions = verdict.decisions()  # the pass's one host sync
+        window, layout = plan.draft.window, plan.shape.layout
+        outcome = walk(layout, decisions, len(window), has_bonus=verdict.bonus.numel() > 0,
+                       has_leaf=verdict.leaf_token.numel() > 0)
+        n = state.num_committed
+        self._commit(state, plan, verdict, outcome)
+        self.window_policy.observe(outcome.accepted, censored=not outcome.rejected, window=len(window))
+        if not state.done:
+            target = self._window_target(state.num_committed)
+            self.rule.prepare(state.num_committed)
+            report = PassReport(start=n, num_committed=state.num_committed, target=target, draft=plan.draft,
+                                outcome=outcome, decisions=decisions, verdict=verdict,
+                                proposal_logits=logits[:, layout.main_nodes[-1]])
+            state.draft, state.target = self.drafter.next(self.ctx, report), target
+        self._record(state, stats, callback, start, syncs, committed=state.num_committed - n,
+                     window=len(window), tree_nodes=layout.num_nodes - 1 - len(window),
+                     first_reject=outcome.accepted if outcome.rejected else -1,
+                     kept_by_ac=state.draft.kept_by_ac if not state.done else 0, branch=outcome.branch,
+                     envelope=plan.shape.envelope)
+
+    def _warm_up(self, state: DecodeState) -> float:
+        """Compile the pass shapes this run will use (chain and tree passes of the window),
+        outside the timed passes: each runs once on the live cache and is rolled back."""
         start = time.perf_counter()
-        n, n_tokens = state.num_committed, state.num_tokens
-        window, tree = state.window, state.tree
-        m = len(window)
+        window = max(self.window_policy.next_window(), len(state.draft.window))
+        sizes = {1 + window, 1 + window + self.drafter.max_side_nodes}
+        for size in sorted(sizes):  # two shapes at most
+            tokens = state.committed[:1].expand(size).contiguous()
+            state.session.forward(tokens, torch.zeros_like(tokens), torch.eye(size, dtype=torch.bool, device=self.device))
+            state.session.keep([])  # the warm-up leaves the cache exactly as it was
+        synchronize(self.device)
+        return time.perf_counter() - start
 
-        # 1. Lay out the pass: root, PD levels, chain of the remaining drafts.
-        layout = build_tree_layout(tuple(int(c.shape[0]) for c in tree), m - len(tree))
-        tokens = self._node_tokens(state, layout)
+    # --- the stages -------------------------------------------------------------------------
+    def _plan(self, state: DecodeState) -> PassPlan:
+        """Lay out root, PD levels and chain as one batch padded to the pass's fixed envelope:
+        1 + L for a chain pass, 1 + L + the drafter's largest tree for a tree pass."""
+        draft = state.draft
+        window, tree = draft.window, draft.tree
+        widths = tree.widths if tree is not None else ()
+        levels = len(widths)
+        side = self.drafter.max_side_nodes if tree is not None else 0
+        # The policy's window, not the positions left: the shape stays fixed up to the image's end.
+        envelope = 1 + max(self.window_policy.next_window(), len(window)) + side
+        key = (widths, len(window) - levels, envelope)
+        shape = self.shapes.get(key)
+        if shape is None:  # a handful of shapes per run (chain / tree passes, the image's end)
+            shape = self.shapes[key] = PassShape.build(widths, len(window) - levels, envelope, self.device)
+        parts = [state.root_token]
+        if tree is not None:
+            parts.append(tree.candidates.reshape(-1))
+        parts += [window.tokens[levels:], state.root_token.new_zeros(1)]
+        tokens = torch.cat(parts).index_select(0, shape.token_source)
+        return PassPlan(shape=shape, draft=draft, start=state.num_committed, tokens=tokens)
 
-        # 2. One forward pass; node at depth d predicts image position n + d.
-        fwd_start = time.perf_counter()
-        logits = state.session.forward(tokens, layout.depths.to(self.device), layout.attend)
-        forward_time = time.perf_counter() - fwd_start
-        depths = layout.depths.to(self.device)
-        probs = process(logits, (n + depths).clamp(max=n_tokens - 1), self.recipe, self.constraints)
+    def _forward(self, state: DecodeState, plan: PassPlan) -> torch.Tensor:
+        """One model pass; node at depth d predicts image position n + d. Logits [B, E, V]."""
+        self.timer.start()
+        logits = state.session.forward(plan.tokens, plan.shape.depths, plan.shape.attend)
+        self.timer.stop()
+        return logits
 
-        # 3. Verify every draft on the main branch at once; these flags also drive AC later.
-        main = layout.main_path.to(self.device)
-        p_main = probs[main]  # [m + 1, V]; row j is p for draft j, row m for the bonus
-        pos_main = self._positions(n, m + 1).clamp(max=n_tokens - 1)
+    def _verify(self, state: DecodeState, plan: PassPlan, logits: torch.Tensor) -> Verdict:
+        """Every decision of the pass, on the device: the main chain, every PD level at once,
+        and each leaf's check (so that no sync is needed before the walk)."""
+        n, last = plan.start, self.num_tokens - 1
+        layout, window, tree = plan.shape.layout, plan.draft.window, plan.draft.tree
+        m, levels, s = len(window), layout.levels, layout.num_nodes
+        self.rule.prepare(n)
+        probs = process(logits[:, :s], (n + plan.shape.depths[:s]).clamp(max=last), self.recipe, self.constraints)
+
+        p_main = probs.index_select(0, plan.shape.main)  # row j is p for draft j, row m for the bonus
+        pos_main = self.positions[n : n + m + 1].clamp(max=last)
         accepted, replacements = self.rule.chain(p_main[:m], window.q, window.tokens, pos_main[:m])
-        bonus = self.rule.draw(p_main[m:], pos_main[m:]) if n + m < n_tokens else None
+        none = self.positions[:0]
+        bonus = self.rule.draw(p_main[m:], pos_main[m:]) if n + m < self.num_tokens else none
 
-        # 4. PD levels: recursive rejection for every parent of every level, then the leaves.
-        level_first, level_fallback = [], []
-        for d in range(layout.levels):
-            parents = list(layout.level_nodes(d))
-            first, fallback = self.rule.level(probs[parents], window.q[d], tree[d], n + d)
-            level_first.append(first)
-            level_fallback.append(fallback)
-        leaf = self._leaf_checks(layout, probs, window, n, n_tokens)
+        first_child = fallback = leaf_token = none
+        leaf_accepted = none.bool()
+        if levels:
+            lvl = plan.shape.parent_level
+            parents = int(lvl.shape[0])
+            first_child, fallback = self.rule.level(
+                probs[:parents], window.q.index_select(0, lvl), tree.candidates.index_select(0, lvl),
+                tree.valid.index_select(0, lvl), (n + lvl).clamp(max=last),
+            )
+            leaves = s - layout.chain_len - parents
+            p_leaf = probs[parents : parents + leaves]
+            pos_leaf = self.positions[min(n + levels, last) :][:1].expand(leaves)
+            if m > levels:  # the chain's first draft, checked against each leaf's own p
+                q = window.q[levels : levels + 1].expand(leaves, -1)
+                leaf_accepted, leaf_token = self.rule.chain(p_leaf, q, window.tokens[levels : levels + 1].expand(leaves), pos_leaf)
+            elif n + levels < self.num_tokens:  # no chain: the leaf's p gives the bonus
+                leaf_token = self.rule.draw(p_leaf, pos_leaf)
+                leaf_accepted = torch.zeros_like(leaf_token, dtype=torch.bool)
+        return Verdict(chain_accepted=accepted, chain_token=replacements, bonus=bonus,
+                       first_child=first_child, fallback=fallback, leaf_accepted=leaf_accepted,
+                       leaf_token=leaf_token, p_main=p_main, positions_main=pos_main)
 
-        # 5. One host sync for all decisions, then walk the accepted path.
-        flags = [accepted.long()] + level_first + ([leaf[0].long()] if leaf else [])
-        host = torch.cat(flags).tolist() if flags else []
-        outcome = self._walk(layout, host, m, level_fallback, replacements, bonus, leaf, window)
-
-        # 6. Commit the path and the final token; keep only the path's cache entries.
-        a = outcome.accepted
+    def _commit(self, state: DecodeState, plan: PassPlan, verdict: Verdict, outcome: PassOutcome) -> None:
+        """Commit the path and the final token; keep only the path's cache entries."""
+        n, a = plan.start, outcome.accepted
         if a:
-            state.committed[n : n + a] = tokens[outcome.path_nodes]
+            path = to_device(outcome.path_nodes, self.device)
+            state.committed[n : n + a] = plan.tokens.index_select(0, path)
         new_n = n + a
         if outcome.final is not None:
-            state.committed[new_n] = outcome.final
+            final = outcome.final
+            state.committed[new_n : new_n + 1] = verdict.token(final.source, final.index, plan.draft.window.tokens)
             new_n += 1
-        state.session.keep([0] + outcome.path_nodes)
-
-        self.window_policy.observe(a, censored=not outcome.rejected, window=m)
-
-        # 7. Redraft the drafts after the final token against this pass's stale p: AC keeps the
-        #    accepted ones, plain SJD draws them afresh. Either way q becomes the stale p.
-        rest = slice(a + 1, m)
-        kept_by_ac = 0
-        if new_n < n_tokens and a + 1 < m:
-            if self.config.use_ac:
-                new_tokens = adaptive_continuation(window.tokens[rest], accepted[rest], replacements[rest])
-                kept_by_ac = sum(host[a + 1 : m])
-            else:
-                new_tokens = self.rule.draw(p_main[rest], pos_main[rest])
-            next_window = DraftWindow(new_tokens, p_main[rest])
-        else:
-            next_window = DraftWindow(window.tokens[:0], window.q[:0])
-
-        # 8. Fill the window up to L with fresh drafts from the furthest stale logits.
-        state.proposal_logits = logits[:, int(layout.main_path[-1])]
-        missing = self._window_target(new_n) - len(next_window)
-        if new_n < n_tokens and missing > 0:
-            fresh = self._new_drafts(state.proposal_logits, new_n + len(next_window), missing)
-            next_window = next_window.extend(fresh.tokens, fresh.q)
-        state.window, state.num_committed = next_window, new_n
-
-        # 9. Proactive Drafting: a tree of candidates at the positions after a rejection.
-        state.tree = self._build_tree(next_window, new_n) if outcome.rejected and self.config.use_pd else []
-
-        self._record(state, stats, callback, start, forward_time, committed=new_n - n, window=m,
-                     tree_nodes=layout.num_nodes - 1 - m, first_reject=a if outcome.rejected else -1,
-                     kept_by_ac=kept_by_ac, branch=outcome.branch)
-
-    # --- pieces of an iteration -------------------------------------------------------------
-    def _node_tokens(self, state: DecodeState, layout: TreeLayout) -> torch.Tensor:
-        parts = [state.root_token.reshape(1)]
-        parents = 1
-        for candidates in state.tree:  # one entry per PD level (D - 1 of them)
-            parts.append(candidates.repeat(parents))
-            parents *= int(candidates.shape[0])
-        parts.append(state.window.tokens[layout.levels :])
-        return torch.cat(parts)
-
-    def _leaf_checks(self, layout: TreeLayout, probs, window: DraftWindow, n: int, n_tokens: int):
-        """For a path that leaves the main branch: the leaf's p is exact for the next position.
-
-        With a chain beyond the tree, verify its first draft against that p; otherwise draw the
-        bonus from it. Computed for every leaf so that no sync is needed before the walk.
-        """
-        if layout.levels == 0:
-            return None
-        leaves = list(layout.level_nodes(layout.levels))
-        p_leaf = probs[leaves]
-        d = layout.levels
-        pos = torch.full((len(leaves),), min(n + d, n_tokens - 1), device=self.device)
-        if len(window) > d:
-            q = window.q[d].expand(len(leaves), -1)
-            return self.rule.chain(p_leaf, q, window.tokens[d].expand(len(leaves)), pos)
-        if n + d < n_tokens:
-            return torch.zeros(len(leaves), dtype=torch.bool, device=self.device), self.rule.draw(p_leaf, pos)
-        return None
-
-    def _walk(self, layout: TreeLayout, host: List[int], m: int, level_fallback, replacements,
-              bonus, leaf, window: DraftWindow) -> PassOutcome:
-        accepted_flags = host[:m]
-        level_first = host[m : m + sum(len(layout.level_nodes(d)) for d in range(layout.levels))]
-        leaf_flags = host[len(host) - len(layout.level_nodes(layout.levels)) :] if leaf else []
-
-        path: List[int] = []
-        branch: List[int] = []
-        local, offset = 0, 0
-        for d in range(layout.levels):  # at most D - 1 levels
-            n_parents = len(layout.level_nodes(d))
-            k = level_first[offset + local]
-            offset += n_parents
-            if k < 0:  # every candidate rejected: commit the draw from the final residual
-                return PassOutcome(path, d, level_fallback[d][local], True, tuple(branch))
-            local = local * int(layout.widths[d]) + k
-            path.append(layout.level_offsets[d + 1] + local)
-            branch.append(k)
-
-        d = layout.levels
-        if any(branch):  # left the main branch: only the leaf's own p is exact
-            if leaf is None:
-                return PassOutcome(path, d, None, False, tuple(branch))
-            if d < m and leaf_flags[local]:
-                return PassOutcome(path, d, window.tokens[d], False, tuple(branch))
-            return PassOutcome(path, d, leaf[1][local], d < m, tuple(branch))
-
-        # Main branch: continue along the chain until its first rejection.
-        chain_flags = accepted_flags[d:]
-        run = chain_flags.index(0) if 0 in chain_flags else len(chain_flags)
-        path.extend(layout.main_nodes[d + 1 : d + 1 + run])
-        j = d + run
-        if j < m:
-            return PassOutcome(path, j, replacements[j], True, tuple(branch))
-        return PassOutcome(path, j, bonus[0] if bonus is not None else None, False, tuple(branch))
-
-    def _build_tree(self, window: DraftWindow, n: int) -> List[torch.Tensor]:
-        levels = min(self.config.tree_depth - 1, len(window))
-        if levels <= 0:
-            return []
-        widths = candidate_count(window.q[:levels], self.config.tree_width).tolist()
-        return [
-            self.rule.candidates(window.q[d], window.tokens[d], int(widths[d]), n + d)
-            for d in range(levels)  # D - 1 levels, a handful
-        ]
+        state.session.keep([0, *outcome.path_nodes])
+        state.num_committed = new_n
 
     def _record(self, state: DecodeState, stats: RunStats, callback: Optional[Callback], start: float,
-                forward_time: float, **fields) -> None:
+                syncs: int, **fields) -> None:
         record = PassRecord(index=len(stats.records), total_committed=state.num_committed,
-                            wall_time=time.perf_counter() - start, forward_time=forward_time, **fields)
+                            wall_time=time.perf_counter() - start, forward_time=self.timer.seconds(),
+                            host_syncs=SyncCounter.count - syncs, **fields)
         stats.records.append(record)
         if callback is not None:
             callback(Progress(record, stats, state.committed[: state.num_committed], state.num_tokens))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import List, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..models.base import DecoderSession
+
+if TYPE_CHECKING:
+    from .drafters import Draft
 
 
 @dataclass
@@ -30,24 +33,27 @@ class DraftWindow:
     def extend(self, tokens: torch.Tensor, q: torch.Tensor) -> "DraftWindow":
         return DraftWindow(torch.cat([self.tokens, tokens]), torch.cat([self.q, q]))
 
+    @staticmethod
+    def empty_like(ctx, logits: torch.Tensor) -> "DraftWindow":
+        """No drafts, on logits' device (q has the vocabulary width of logits)."""
+        return DraftWindow(ctx.positions[:0], logits.new_zeros((0, logits.shape[-1]), dtype=torch.float32))
+
 
 @dataclass
 class DecodeState:
     """The loop's state between passes.
 
     committed[:num_committed] are final. The last committed token is not in the cache yet: it is
-    the root (first input) of the next pass. tree[d] holds the Proactive Drafting candidates for
-    window position d (tree[d][0] == window.tokens[d], the main branch); empty when no tree.
-    proposal_logits are the raw logits of the furthest position the last pass computed, the
-    source of drafts for positions new to the window.
+    the root (first input) of the next pass. `draft` is what the next pass verifies (the window
+    and, after a rejection, the Proactive Drafting tree); `target` the window size it was drafted
+    for (it sizes the pass's fixed envelope).
     """
 
     session: DecoderSession
     committed: torch.Tensor  # long [N]
     num_committed: int
-    window: DraftWindow
-    proposal_logits: torch.Tensor  # [B, V]
-    tree: List[torch.Tensor] = field(default_factory=list)
+    draft: "Draft"
+    target: int
 
     @property
     def num_tokens(self) -> int:
@@ -59,15 +65,5 @@ class DecodeState:
 
     @property
     def root_token(self) -> torch.Tensor:
-        return self.committed[self.num_committed - 1]
+        return self.committed[self.num_committed - 1 : self.num_committed]
 
-
-@dataclass(frozen=True)
-class PassOutcome:
-    """Where verification of one pass ended."""
-
-    path_nodes: List[int]  # accepted nodes after the root, in order (their cache is valid)
-    accepted: int  # drafts accepted (= len(path_nodes))
-    final: Optional[torch.Tensor]  # the token committed after them (residual, bonus or draft)
-    rejected: bool  # the final token replaced a rejected draft (PD builds its tree there)
-    branch: tuple  # candidate index chosen at each accepted tree level

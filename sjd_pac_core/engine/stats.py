@@ -18,8 +18,10 @@ class PassRecord:
     first_reject: int  # offset of the first rejection in the window, -1 if none
     kept_by_ac: int  # later drafts Adaptive Continuation kept unchanged for the next pass
     branch: Tuple[int, ...]  # candidate chosen at each accepted tree level (0 = main branch)
-    wall_time: float  # seconds for the whole iteration
-    forward_time: float  # seconds inside the model's forward
+    wall_time: float  # seconds for the whole iteration (host clock, pass start to next draft)
+    forward_time: float  # seconds inside the model's forward (CUDA events on a GPU)
+    envelope: int = 0  # nodes fed, padding included (the pass's fixed shape; 0 for the prefill)
+    host_syncs: int = 0  # device-to-host syncs the pass made (one)
 
 
 @dataclass
@@ -29,6 +31,7 @@ class RunStats:
     num_tokens: int
     method: str
     records: List[PassRecord] = field(default_factory=list)
+    warmup_time: float = 0.0  # seconds compiling pass shapes before the timed passes (compile=True)
 
     @property
     def forward_passes(self) -> int:
@@ -59,6 +62,15 @@ class RunStats:
     @property
     def forward_time(self) -> float:
         return sum(r.forward_time for r in self.records)
+
+    @property
+    def sampler_time(self) -> float:
+        """Seconds outside the model's forward: planning, verification, the walk, drafting."""
+        return self.wall_time - self.forward_time
+
+    @property
+    def host_syncs(self) -> int:
+        return sum(r.host_syncs for r in self.records)
 
     @property
     def overhead_fraction(self) -> float:
@@ -94,6 +106,9 @@ class RunStats:
             "step_compression": self.step_compression,
             "wall_time": self.wall_time,
             "forward_time": self.forward_time,
+            "sampler_time": self.sampler_time,
+            "warmup_time": self.warmup_time,
+            "host_syncs": self.host_syncs,
             "tokens_per_second": self.tokens_per_second,
             "accept_lengths": self.accept_lengths,
             "histogram": self.histogram(),

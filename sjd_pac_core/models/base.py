@@ -10,7 +10,7 @@ image codes plus end-of-line, which is exact because nothing else is allowed the
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -32,6 +32,11 @@ class DecoderSession(ABC):
         first node (its position id is the row's next position plus depth); attend: bool [S, S],
         node i sees node j. Returns logits [B, S, V]. The cache grows by S entries.
         """
+
+    def configure(self, extra_tokens: int, vocabulary: Optional[torch.Tensor] = None, compile: bool = False) -> None:
+        """Hints before the prefill (a session may ignore them): the most entries the run adds
+        to the cache after the prompt, the tokens that may ever be sampled (bool [V]), and
+        whether passes run as compiled fixed shapes."""
 
     @abstractmethod
     def keep(self, nodes: Sequence[int]) -> None:

@@ -1,19 +1,35 @@
 """Any decoder-only transformers causal LM as a TokenModel.
 
-Mechanics (verified in ../shared/spec/models.md): a DynamicCache kept across passes, cropped
-after a chain pass, compacted with index_select after a tree pass; tree passes carry an additive
-4D mask and explicit position ids; CFG rows are left-padded to one batch.
+Mechanics (verified in ../shared/spec/models.md): a preallocated KV cache (kv_cache.py) kept
+across passes: a pass writes its nodes after the committed entries, rollback moves the write
+pointer, and compaction after a tree pass moves only the accepted path's entries. Tree passes
+carry an additive 4D mask, updated in place per pass size, and explicit position ids; CFG rows
+are left-padded to one batch.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import inspect
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+import torch.nn.functional as F
+from transformers import PreTrainedModel
 
-from ..sampling.tree import tree_attention_mask, tree_position_ids
+from ..engine.sync import to_device
+from ..sampling import tree as tree_lib
 from .base import DecoderSession, TokenModel
+from .kv_cache import CacheCursor, TreeKVCache
+
+# Cache entries a session reserves beyond its prompt when the sampler does not say how many.
+DEFAULT_EXTRA_ENTRIES = 1024
+# Families whose head is a plain linear map of the last hidden state, so computing only some of
+# its rows is exact (no logit scaling or soft-capping after it).
+PLAIN_HEAD_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# torch.compile backend of compiled passes; None = the default (inductor). Tests may use
+# "aot_eager", which traces the same graph without generating kernels.
+COMPILE_BACKEND: Optional[str] = None
 
 
 class NotACausalLMError(TypeError):
@@ -22,6 +38,15 @@ class NotACausalLMError(TypeError):
 
 def is_causal_lm(model: object) -> bool:
     return isinstance(model, PreTrainedModel) and model.get_output_embeddings() is not None
+
+
+@dataclass
+class _PassMask:
+    """The additive mask of one pass size, [B, 1, S, capacity], kept and updated in place."""
+
+    values: torch.Tensor
+    valid_upto: int = 0  # columns [0, valid_upto) hold the committed keys' validity
+    dirty_upto: int = 0  # columns up to here may still hold the last pass's tree block
 
 
 class CausalLMSession(DecoderSession):
@@ -35,10 +60,36 @@ class CausalLMSession(DecoderSession):
         for row, prompt in enumerate(prompts):  # one row per prompt (1 or 2), not per token
             ids[row, width - lengths[row] :] = prompt.to(device)
         self.prompt_ids = ids
-        self.key_valid = torch.arange(width, device=device).unsqueeze(0) >= self.pad.unsqueeze(1)
-        self.cache: Optional[DynamicCache] = DynamicCache(config=adapter.model.config)
-        self.past = 0  # cache length before the last pass
+        self.width = width
+        self.cursor = CacheCursor(capacity=width + DEFAULT_EXTRA_ENTRIES)
+        self.cache: Optional[TreeKVCache] = TreeKVCache(self.cursor)
+        self.compiled = False
+        self.masks: Dict[int, _PassMask] = {}
+        self._set_capacity(self.cursor.capacity)
+        self.past = 0  # committed cache entries (the write pointer)
         self.last_pass = 0  # nodes fed in the last pass
+
+    def _set_capacity(self, capacity: int) -> None:
+        device = self.prompt_ids.device
+        with torch.inference_mode(False):  # read inside compiled passes (as the cache's slots)
+            self.columns = torch.arange(capacity, device=device)
+        # A key is valid unless it is a left-padding column of its row (CFG rows differ in length).
+        self.key_valid = self.columns.unsqueeze(0) >= self.pad.unsqueeze(1)
+        self.masks = {}
+
+    def configure(self, extra_tokens: int, vocabulary: Optional[torch.Tensor] = None, compile: bool = False) -> None:
+        capacity = self.width + extra_tokens
+        if capacity != self.cursor.capacity and self.past == 0:
+            self.cursor.capacity = capacity
+            self._set_capacity(capacity)
+        self.compiled = compile
+        self.adapter.restrict_head(vocabulary)
+
+    def _ensure_capacity(self, needed: int) -> None:
+        if needed > self.cursor.capacity:  # only when a caller outgrows what it reserved
+            capacity = max(needed, 2 * self.cursor.capacity)
+            self.cache.grow(capacity)
+            self._set_capacity(capacity)
 
     # Each row's position id for the next new token: its real (unpadded) length so far.
     def _next_positions(self) -> torch.Tensor:
@@ -49,12 +100,14 @@ class CausalLMSession(DecoderSession):
         causal = torch.ones(width, width, dtype=torch.bool, device=self.prompt_ids.device).tril()
         # Padding queries attend to themselves so their states stay finite (a fully masked row
         # gives NaN, and NaN values poison later layers even behind a zero attention weight).
-        allowed = causal & (self.key_valid.unsqueeze(1) | torch.eye(width, dtype=torch.bool, device=causal.device))
+        key_valid = self.key_valid[:, :width]
+        allowed = causal & (key_valid.unsqueeze(1) | torch.eye(width, dtype=torch.bool, device=causal.device))
         dtype = self.adapter.mask_dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=causal.device).masked_fill(
             ~allowed, torch.finfo(dtype).min
         )
         positions = (torch.arange(width, device=causal.device).unsqueeze(0) - self.pad.unsqueeze(1)).clamp(min=0)
+        self._point(0, width, visible=width)
         logits = self.adapter.forward_logits(
             self.adapter.embed_prompt(self.prompt_ids), mask.unsqueeze(1), positions, self.cache, last_only=True
         )
@@ -62,38 +115,69 @@ class CausalLMSession(DecoderSession):
         self.last_pass = 0
         return logits[:, -1]
 
+    def _point(self, past: int, size: int, visible: Optional[int]) -> None:
+        self.cursor.slots = self.columns[past : past + size]
+        self.cursor.visible = visible
+        self.cursor.length = past
+
+    def _mask(self, attend: torch.Tensor, past: int, size: int) -> torch.Tensor:
+        """The pass's additive mask: committed keys by validity, the new block by `attend`,
+        everything after blocked. Only the columns that changed since the last pass of this
+        size are written: those `tree_attention_mask` gives for the keys committed since then
+        and the new block."""
+        buf = self.masks.get(size)
+        if buf is None:
+            shape = (self.key_valid.shape[0], 1, size, self.cursor.capacity)
+            with torch.inference_mode(False):  # updated in place, in and out of inference mode
+                values = torch.full(shape, torch.finfo(self.adapter.mask_dtype).min, dtype=self.adapter.mask_dtype,
+                                    device=self.key_valid.device)
+            buf = self.masks[size] = _PassMask(values)
+        if past < buf.valid_upto:  # the cache shrank (a new prompt on a reused session): redo those
+            buf.dirty_upto, buf.valid_upto = max(buf.dirty_upto, buf.valid_upto), past
+        first = buf.valid_upto
+        if buf.dirty_upto > past + size:
+            buf.values[:, :, :, past + size : buf.dirty_upto] = torch.finfo(self.adapter.mask_dtype).min
+        changed = tree_lib.tree_attention_mask(attend, self.key_valid[:, first:past], self.adapter.mask_dtype)
+        buf.values[:, :, :, first : past + size] = changed
+        buf.valid_upto, buf.dirty_upto = past, past + size
+        return buf.values if self.compiled else buf.values[..., : past + size]
+
     def forward(self, tokens: torch.Tensor, depths: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
         b = self.prompt_ids.shape[0]
-        mask = tree_attention_mask(attend, self.key_valid, self.adapter.mask_dtype)
-        positions = tree_position_ids(depths, self._next_positions())
+        size, past = int(tokens.shape[0]), self.past
+        self._ensure_capacity(past + size)
+        mask = self._mask(attend, past, size)
+        positions = tree_lib.tree_position_ids(depths, self._next_positions())
         inputs = self.adapter.embed_tokens(tokens.unsqueeze(0).expand(b, -1))
-        logits = self.adapter.forward_logits(inputs, mask, positions, self.cache, last_only=False)
-        self.last_pass = int(tokens.shape[0])
+        self._point(past, size, visible=None if self.compiled else past + size)
+        if self.compiled:
+            logits = self.adapter.compiled_step(inputs, mask, positions, self.cache)
+        else:
+            logits = self.adapter.forward_logits(inputs, mask, positions, self.cache, last_only=False)
+        self.last_pass = size
         return logits
 
     def keep(self, nodes: Sequence[int]) -> None:
+        """Keep these nodes of the last pass: the write pointer moves past them, and only the
+        entries not already in place are copied (none after a pass that accepted a prefix)."""
         nodes = list(nodes)
         past = self.past
-        if nodes == list(range(len(nodes))):
-            surplus = self.last_pass - len(nodes)
-            if surplus > 0:
-                self.cache.crop(-surplus)  # transformers 5 takes the number of entries to drop
-        else:
-            index = torch.tensor([past + n for n in nodes], device=self.prompt_ids.device)
-            keep_all = torch.cat([torch.arange(past, device=index.device), index])
-            for layer in self.cache.layers:
-                # Layers may sit on different GPUs when accelerate spread the model (device_map).
-                keep = keep_all.to(layer.keys.device)
-                layer.keys = layer.keys.index_select(2, keep)
-                layer.values = layer.values.index_select(2, keep)
+        moved = next((i for i, node in enumerate(nodes) if node != i), len(nodes))
+        if moved < len(nodes):
+            source = to_device([past + node for node in nodes[moved:]], self.columns.device)
+            self.cache.move(source, self.columns[past + moved : past + len(nodes)])
         self.past = past + len(nodes)
-        ones = torch.ones(self.key_valid.shape[0], len(nodes), dtype=torch.bool, device=self.key_valid.device)
-        self.key_valid = torch.cat([self.key_valid, ones], dim=1)
         self.last_pass = 0
+
+    @property
+    def compaction_bytes(self) -> int:
+        """Bytes compaction has copied in this session (keys and values, every layer)."""
+        return self.cursor.moved_bytes
 
     def close(self) -> None:
         self.cache = None
         self.key_valid = None
+        self.masks = {}
 
 
 class CausalLMAdapter(TokenModel):
@@ -114,6 +198,9 @@ class CausalLMAdapter(TokenModel):
         vocab = model.get_output_embeddings().weight.shape[0]
         self.token_space = None if token_space is None else token_space.to(self.device)
         self.vocab_size = vocab if token_space is None else int(token_space.shape[0])
+        self.restricted_ids: Optional[torch.Tensor] = None  # restricted head: these rows only
+        self.restricted_rows: Optional[torch.Tensor] = None
+        self._compiled = None
 
     @property
     def device(self) -> torch.device:
@@ -137,9 +224,68 @@ class CausalLMAdapter(TokenModel):
         ids = token_ids if self.token_space is None else self.token_space[token_ids]
         return {"input_ids": ids}
 
+    def restrict_head(self, vocabulary: Optional[torch.Tensor]) -> None:
+        """Compute only the head rows of tokens that may ever be sampled (bool [V] in the
+        sampler's token space, or None for the whole head).
+
+        Exact: every other token is masked out at every position anyway. Done where the head is
+        a plain linear map of the last hidden state (PLAIN_HEAD_MODEL_TYPES); the rows are
+        copied once per distinct set.
+        """
+        head = self.model.get_output_embeddings()
+        plain = (
+            getattr(self.model.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
+            and isinstance(head, torch.nn.Linear) and head.bias is None
+            and head.weight.device.type != "meta"
+        )
+        if not plain or vocabulary is None:
+            self.restricted_ids = self.restricted_rows = None
+            return
+        ids = vocabulary.nonzero().flatten().to(head.weight.device)
+        if self.restricted_ids is not None and torch.equal(ids, self.restricted_ids):
+            return
+        if self.token_space is None and ids.numel() == self.vocab_size:
+            self.restricted_ids = self.restricted_rows = None  # the whole head is needed
+            return
+        model_ids = ids if self.token_space is None else self.token_space.to(ids.device)[ids]
+        with torch.no_grad():
+            self.restricted_rows = head.weight.index_select(0, model_ids).detach()
+        self.restricted_ids = ids
+
+    def _fixed_shape_step(self, inputs: dict, mask, positions, cache) -> torch.Tensor:
+        # forward_logits without its inference_mode decorator: torch.compile cannot trace views
+        # made in inference mode; the caller runs this under no_grad instead.
+        forward = inspect.unwrap(type(self).forward_logits)
+        return forward(self, inputs, mask, positions, cache, last_only=False)
+
+    def compiled_step(self, inputs: dict, mask, positions, cache) -> torch.Tensor:
+        """A fixed-shape pass through forward_logits compiled with torch.compile (CUDA graphs on
+        a GPU). The graph is built once per adapter and pass size. torch.compile cannot trace
+        views of inference tensors, so the pass runs on ordinary copies of its small inputs."""
+        if self._compiled is None:
+            if COMPILE_BACKEND is not None:
+                self._compiled = torch.compile(self._fixed_shape_step, backend=COMPILE_BACKEND, dynamic=False)
+            else:
+                mode = "reduce-overhead" if self.device.type == "cuda" else None
+                self._compiled = torch.compile(self._fixed_shape_step, mode=mode, dynamic=False)
+        with torch.inference_mode(False), torch.no_grad():
+            inputs = {name: value.clone() for name, value in inputs.items()}
+            return self._compiled(inputs, mask, positions.clone(), cache)
+
     @torch.inference_mode()
     def forward_logits(self, inputs: dict, mask, positions, cache, last_only: bool) -> torch.Tensor:
         """Logits [B, S, V] in the sampler's token space."""
+        if self.restricted_rows is not None:
+            out = self.model.get_decoder()(
+                **inputs, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+            )
+            hidden = out.last_hidden_state
+            if last_only:
+                hidden = hidden[:, -1:]
+            rows = F.linear(hidden.to(self.restricted_rows.device), self.restricted_rows)
+            # Tokens outside the head's rows are never allowed; their logits only need to exist.
+            logits = rows.new_zeros(rows.shape[:-1] + (self.vocab_size,))
+            return logits.index_copy_(-1, self.restricted_ids, rows).to(self.device)
         out = self.model(
             **inputs,
             attention_mask=mask,

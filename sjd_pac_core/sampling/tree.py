@@ -59,44 +59,43 @@ class TreeLayout:
 
 @lru_cache(maxsize=256)
 def build_tree_layout(widths: Tuple[int, ...], chain_len: int) -> TreeLayout:
-    parents = [-1]
-    depths = [0]
-    cand = [0]
+    """The layout for these level widths and chain length, built with tensor ops (once per shape)."""
+    widths = tuple(int(w) for w in widths)
+    parents, depths, cand = [torch.tensor([-1])], [torch.zeros(1, dtype=torch.long)], [torch.zeros(1, dtype=torch.long)]
     offsets = [0]
-    prev_level = [0]
-    for d, k in enumerate(widths, start=1):
-        offsets.append(len(parents))
-        level = []
-        for parent in prev_level:
-            for c in range(k):
-                level.append(len(parents))
-                parents.append(parent)
-                depths.append(d)
-                cand.append(c)
-        prev_level = level
-    main_path = [0] + [offsets[d] for d in range(1, len(widths) + 1)]
-    last = main_path[-1]
-    for c in range(chain_len):
-        parents.append(last)
-        depths.append(depths[last] + 1)
-        cand.append(0)
-        last = len(parents) - 1
-        main_path.append(last)
+    size, start = 1, 0
+    for d, k in enumerate(widths, start=1):  # one step per PD level (D - 1 of them)
+        offsets.append(start + size)
+        local = torch.arange(size * k)
+        parents.append(start + torch.div(local, k, rounding_mode="floor"))
+        depths.append(torch.full((size * k,), d, dtype=torch.long))
+        cand.append(local % k)
+        start, size = start + size, size * k
+    main_tree = [0] + [offsets[d] for d in range(1, len(widths) + 1)]
+    num_tree = start + size
+    chain_nodes = torch.arange(num_tree, num_tree + chain_len)
+    parents.append(torch.cat([torch.tensor([main_tree[-1]]), chain_nodes[:-1]]) if chain_len else chain_nodes)
+    depths.append(torch.arange(1, chain_len + 1) + len(widths))
+    cand.append(torch.zeros(chain_len, dtype=torch.long))
+    parents_t, depths_t, cand_t = torch.cat(parents), torch.cat(depths), torch.cat(cand)
+    main_path = main_tree + list(range(num_tree, num_tree + chain_len))
 
-    n = len(parents)
-    rows = []
-    for i, parent in enumerate(parents):  # once per shape (cached); a node sees what its parent sees
-        row = list(rows[parent]) if parent >= 0 else [False] * n
-        row[i] = True
-        rows.append(row)
-    attend = torch.tensor(rows, dtype=torch.bool)
+    # attend[i, j]: j is i or one of its ancestors; walk every node up one level per step.
+    n = int(parents_t.shape[0])
+    attend = torch.zeros(n, n, dtype=torch.bool)
+    rows = torch.arange(n)
+    ancestor = rows.clone()
+    for _ in range(len(widths) + chain_len + 1):  # tree depth + chain length steps, not nodes
+        alive = ancestor >= 0
+        attend[rows[alive], ancestor[alive]] = True
+        ancestor = torch.where(alive, parents_t[ancestor.clamp(min=0)], ancestor)
     return TreeLayout(
-        widths=tuple(widths),
+        widths=widths,
         chain_len=chain_len,
-        parents=torch.tensor(parents, dtype=torch.long),
-        depths=torch.tensor(depths, dtype=torch.long),
+        parents=parents_t,
+        depths=depths_t,
         level_offsets=tuple(offsets),
-        candidate_index=torch.tensor(cand, dtype=torch.long),
+        candidate_index=cand_t,
         main_path=torch.tensor(main_path, dtype=torch.long),
         attend=attend,
         main_nodes=tuple(main_path),

@@ -157,3 +157,35 @@ def gumbel_argmax(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 def gumbel_top_k(probs: torch.Tensor, noise: torch.Tensor, k: int) -> torch.Tensor:
     """The k largest log p + G: a draw of k without replacement; the first is gumbel_argmax."""
     return torch.topk(torch.log(probs) + noise, k, dim=-1).indices
+
+
+def recursive_rejection_rows(
+    p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, valid: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Recursive rejection sampling for many parents at once, each with its own q and candidates.
+
+    p, q: [P, V]; candidates: long [P, K], one draw without replacement from each row's q, in
+    draw order; valid: bool [P, K], False for padding slots (a fixed-width tree where q has fewer
+    than K tokens), which come after every real candidate of their row.
+    Returns (accept_prob [P, K], final_residual [P, V]) as recursive_rejection_steps does; a
+    padding slot has accept probability 0 and leaves the residual unchanged, so the result is
+    exactly that of the row's real candidates alone. Gathers only: no host sync.
+    """
+    p_k, q_k = p, q
+    probs = []
+    for k in range(candidates.shape[-1]):  # K is the tree width (a handful), not a token count
+        c = candidates[:, k : k + 1]
+        real = valid[:, k : k + 1]
+        prob = accept_probability(p_k.gather(-1, c), q_k.gather(-1, c).clamp(min=1e-30))
+        probs.append(torch.where(real, prob, torch.zeros_like(prob)).squeeze(-1))
+        p_k = torch.where(real, residual(p_k, q_k), p_k)
+        q_next = q_k.scatter(-1, c, 0.0)
+        q_next = q_next / q_next.sum(-1, keepdim=True).clamp(min=1e-30)
+        q_k = torch.where(real, q_next, q_k)
+    return torch.stack(probs, dim=-1), p_k
+
+
+def candidate_validity(q: torch.Tensor, width: int) -> torch.Tensor:
+    """bool [..., width]: slot k holds a real candidate (k < the support size of q's row)."""
+    support = (q > 0).sum(-1, keepdim=True)
+    return torch.arange(width, device=q.device) < support

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal, Optional, Union
+from typing import Literal, Optional, Sequence, Tuple, Union
 
 Method = Literal["ar", "sjd", "sjd_pac"]
 VerifyRule = Literal["rejection", "gumbel"]
@@ -12,6 +12,15 @@ InitProposal = Literal["nearest", "uniform"]
 METHODS = ("ar", "sjd", "sjd_pac")
 VERIFY_RULES = ("rejection", "gumbel")
 INIT_PROPOSALS = ("nearest", "uniform")
+
+
+def tree_side_nodes(widths: Sequence[int]) -> int:
+    """Nodes a full tree with these level widths adds beyond the main branch."""
+    total, size = 0, 1
+    for width in widths:
+        size *= width
+        total += size - 1
+    return total
 
 
 class ConfigError(ValueError):
@@ -29,6 +38,11 @@ class SamplerConfig:
         and the acceptance seen so far, to maximise tokens per second.
     tree_depth, tree_width: D and K of Proactive Drafting; the tree branches at the D-1
         positions after a rejection, with at most K candidates each.
+    tree_every_pass: put the Proactive Drafting tree on the first D-1 positions of every pass's
+        window (as the authors' sampler does), not only after a rejection (the paper's PD).
+    tree_first_width: candidates at the tree's first level (None: K at every level). The
+        defaults (every pass, 8 then K=4) gave the highest step compression on the demo model
+        (docs/benchmark.md, "Drafting: where passes lose tokens, and what helped").
     adaptive_continuation, proactive_drafting: switch AC and PD separately (sjd_pac only), so
         the paper's ablation SJD / +PD / +AC / +PD+AC is one flag each.
     verify: "rejection" (speculative rejection sampling, exact in distribution) or "gumbel"
@@ -45,6 +59,8 @@ class SamplerConfig:
     window: Union[int, str] = 64
     tree_depth: int = 3
     tree_width: int = 4
+    tree_every_pass: bool = True
+    tree_first_width: Optional[int] = 8
     adaptive_continuation: bool = True
     proactive_drafting: bool = True
     verify: VerifyRule = "rejection"
@@ -79,6 +95,13 @@ class SamplerConfig:
             raise ConfigError(
                 f"tree_width (K) must be an integer >= 1, got {self.tree_width!r}; the paper uses 4."
             )
+        if self.tree_first_width is not None and (
+            not isinstance(self.tree_first_width, int) or self.tree_first_width < 1
+        ):
+            raise ConfigError(
+                f"tree_first_width must be None or an integer >= 1, got {self.tree_first_width!r}; "
+                "None uses tree_width (K) at every level."
+            )
         if self.temperature is None or not self.temperature > 0:
             raise ConfigError(
                 f"temperature must be > 0, got {self.temperature!r}; use 1.0 for the model's own "
@@ -102,12 +125,19 @@ class SamplerConfig:
         return 0 if self.method == "ar" or self.window == "auto" else self.window
 
     @property
+    def tree_widths(self) -> Tuple[int, ...]:
+        """Candidates at each of the D - 1 PD levels."""
+        if self.tree_depth < 2:
+            return ()
+        first = self.tree_first_width or self.tree_width
+        return (first,) + (self.tree_width,) * (self.tree_depth - 2)
+
+    @property
     def tree_side_nodes(self) -> int:
         """Nodes a full PD tree adds beyond the main branch."""
         if not self.use_pd:
             return 0
-        levels = [self.tree_width ** d for d in range(1, self.tree_depth)]
-        return sum(levels) - len(levels)
+        return tree_side_nodes(self.tree_widths)
 
     @property
     def use_ac(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, fields, replace
-from typing import Any, Dict, Literal, Mapping, Optional, Union
+from typing import Any, Dict, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -18,33 +18,51 @@ VERIFY_RULES = ("rejection", "gumbel")
 INIT_PROPOSALS = ("nearest", "uniform")
 
 
+def tree_side_nodes(widths: Sequence[int]) -> int:
+    """Nodes a full tree with these level widths adds beyond the main branch."""
+    total, size = 0, 1
+    for width in widths:
+        size *= width
+        total += size - 1
+    return total
+
+
 class ConfigError(ValueError):
     """A setting is out of range; the message says which and how to fix it."""
 
 
 # Work budget of one forward pass, checked before any work. A Proactive Drafting tree has
-# K + K^2 + ... + K^(D-1) nodes below its root, so its cost grows as K^(D-1): D = 8, K = 4 would
-# be 21,844 nodes per pass (and a mask of 21,844^2 entries). These bounds keep every pass small
-# enough to build and run in well under a second of sampler work on any machine.
-MAX_TREE_NODES = 256  # PD tree nodes below the root (paper default D=3, K=4: 20)
+# F + F*K + ... + F*K^(D-2) nodes below its root (F the first level's width, K the others'), so
+# its cost grows as K^(D-1): D = 8, K = 4 would be 21,844 nodes per pass (and a mask of 21,844^2
+# entries). These bounds keep every pass small enough to build and run in well under a second
+# of sampler work on any machine.
+MAX_TREE_NODES = 256  # PD tree nodes below the root (default D=3, first level 8, K=4: 40)
 MAX_WINDOW = 1024  # draft window L
+DEFAULT_TREE_FIRST_WIDTH = 8  # SamplerConfig.tree_first_width's default (docs/benchmark.md, "Drafting")
 
 
-def tree_node_count(depth: int, width: int, limit: int = MAX_TREE_NODES) -> int:
-    """Nodes below the root of a full (D, K) tree; stops counting once past `limit`."""
+def tree_node_count(
+    depth: int, width: int, limit: int = MAX_TREE_NODES, first_width: Optional[int] = DEFAULT_TREE_FIRST_WIDTH
+) -> int:
+    """Nodes below the root of a full tree of depth D, first level `first_width` (None: K), then K.
+
+    Stops counting once past `limit`, so an absurd D costs nothing to check.
+    """
     total, level = 0, 1
-    for _ in range(max(depth - 1, 0)):
-        level *= width
+    for d in range(max(depth - 1, 0)):
+        level *= (first_width or width) if d == 0 else width
         total += level
         if total > limit:
             break
     return total
 
 
-def max_tree_depth(width: int, limit: int = MAX_TREE_NODES) -> int:
+def max_tree_depth(
+    width: int, limit: int = MAX_TREE_NODES, first_width: Optional[int] = DEFAULT_TREE_FIRST_WIDTH
+) -> int:
     """The largest tree depth D whose tree fits the node budget for tree width K."""
     depth = 1
-    while depth < 64 and tree_node_count(depth + 1, width, limit) <= limit:
+    while depth < 64 and tree_node_count(depth + 1, width, limit, first_width) <= limit:
         depth += 1
     return depth
 
@@ -60,6 +78,11 @@ class SamplerConfig:
         and the acceptance seen so far, to maximise tokens per second.
     tree_depth, tree_width: D and K of Proactive Drafting; the tree branches at the D-1
         positions after a rejection, with at most K candidates each.
+    tree_every_pass: put the Proactive Drafting tree on the first D-1 positions of every pass's
+        window (as the authors' sampler does), not only after a rejection (the paper's PD).
+    tree_first_width: candidates at the tree's first level (None: K at every level). The
+        defaults (every pass, 8 then K=4) gave the highest step compression on the demo model
+        (docs/benchmark.md, "Drafting: where passes lose tokens, and what helped").
     adaptive_continuation, proactive_drafting: switch AC and PD separately (sjd_pac only), so
         the paper's ablation SJD / +PD / +AC / +PD+AC is one flag each.
     verify: "rejection" (speculative rejection sampling, exact in distribution) or "gumbel"
@@ -76,6 +99,8 @@ class SamplerConfig:
     window: Union[int, str] = 64
     tree_depth: int = 3
     tree_width: int = 4
+    tree_every_pass: bool = True
+    tree_first_width: Optional[int] = 8
     adaptive_continuation: bool = True
     proactive_drafting: bool = True
     verify: VerifyRule = "rejection"
@@ -126,17 +151,26 @@ class SamplerConfig:
             raise ConfigError(
                 f"tree_width (K) must be an integer >= 1, got {self.tree_width!r}; the paper uses 4."
             )
+        if self.tree_first_width is not None and (
+            not isinstance(self.tree_first_width, int) or self.tree_first_width < 1
+        ):
+            raise ConfigError(
+                f"tree_first_width must be None or an integer >= 1, got {self.tree_first_width!r}; "
+                "None uses tree_width (K) at every level."
+            )
         if self.window != "auto" and self.window > MAX_WINDOW:
             raise ConfigError(
                 f"window (L) = {self.window} is above the limit of {MAX_WINDOW} drafts per pass; use 32, 64 or 'auto'."
             )
         if self.method == "sjd_pac" and self.proactive_drafting and self.tree_depth > 1:
-            nodes = tree_node_count(self.tree_depth, self.tree_width)
+            first = self.tree_first_width
+            nodes = tree_node_count(self.tree_depth, self.tree_width, first_width=first)
             if nodes > MAX_TREE_NODES:
+                first_text = f" (first level {first})" if first else ""
                 raise ConfigError(
-                    f"A tree of depth D = {self.tree_depth} and width K = {self.tree_width} has more than "
-                    f"{MAX_TREE_NODES} nodes (the cost grows as K^(D-1)); with K = {self.tree_width} use "
-                    f"D <= {max_tree_depth(self.tree_width)}."
+                    f"A tree of depth D = {self.tree_depth} and width K = {self.tree_width}{first_text} has "
+                    f"more than {MAX_TREE_NODES} nodes (the cost grows as K^(D-1)); with K = "
+                    f"{self.tree_width} use D <= {max_tree_depth(self.tree_width, first_width=first)}."
                 )
         if self.temperature is None or not self.temperature > 0:
             raise ConfigError(
@@ -161,12 +195,19 @@ class SamplerConfig:
         return 0 if self.method == "ar" or self.window == "auto" else self.window
 
     @property
+    def tree_widths(self) -> Tuple[int, ...]:
+        """Candidates at each of the D - 1 PD levels."""
+        if self.tree_depth < 2:
+            return ()
+        first = self.tree_first_width or self.tree_width
+        return (first,) + (self.tree_width,) * (self.tree_depth - 2)
+
+    @property
     def tree_side_nodes(self) -> int:
         """Nodes a full PD tree adds beyond the main branch."""
         if not self.use_pd:
             return 0
-        levels = [self.tree_width ** d for d in range(1, self.tree_depth)]
-        return sum(levels) - len(levels)
+        return tree_side_nodes(self.tree_widths)
 
     @property
     def use_ac(self) -> bool:

@@ -34,23 +34,35 @@ def test_bad_settings_name_the_field(field, value, named):
         config_from_settings(DEMO_LIKE, **{field: value})
 
 
-@pytest.mark.parametrize("width, depth", [(1, 64), (2, 8), (3, 5), (4, 4), (8, 3), (16, 2)])
+# With the default first level of 8 candidates (then K): 8 + 8K + 8K^2 + ...
+@pytest.mark.parametrize("width, depth", [(1, 33), (2, 6), (3, 4), (4, 4), (8, 3), (16, 3)])
 def test_largest_tree_depth_fits_the_budget_and_one_more_does_not(width, depth):
     assert max_tree_depth(width) == depth
     assert tree_node_count(depth, width) <= MAX_TREE_NODES
+    assert tree_node_count(depth + 1, width) > MAX_TREE_NODES
+
+
+@pytest.mark.parametrize("width, depth", [(1, 64), (2, 8), (3, 5), (4, 4), (8, 3), (16, 2)])
+def test_budget_with_uniform_widths(width, depth):
+    assert max_tree_depth(width, first_width=None) == depth
+    assert tree_node_count(depth, width, first_width=None) <= MAX_TREE_NODES
     if depth < 64:
-        assert tree_node_count(depth + 1, width) > MAX_TREE_NODES
+        assert tree_node_count(depth + 1, width, first_width=None) > MAX_TREE_NODES
 
 
 def test_a_huge_tree_is_refused_at_once_with_the_largest_depth():
     with pytest.raises(sp.ConfigError, match=r"with K = 4 use D <= 4"):
         sp.SamplerConfig(method="sjd_pac", tree_depth=8, tree_width=4)
-    with pytest.raises(sp.ConfigError, match=r"K = 2 use D <= 8"):
+    with pytest.raises(sp.ConfigError, match=r"K = 2 use D <= 6"):
         sp.SamplerConfig(method="sjd_pac", tree_depth=10**9, tree_width=2)  # counted, not built
     # The tree knobs do not matter (and are not checked) where no tree is built.
     assert sp.SamplerConfig(method="sjd", tree_depth=8, tree_width=4).use_pd is False
     with pytest.raises(sp.ConfigError, match="window"):
         sp.SamplerConfig(window=10**6)
+    # The first level's width counts: 300 candidates there alone are over the budget.
+    with pytest.raises(sp.ConfigError, match=r"first level 300"):
+        sp.SamplerConfig(tree_depth=2, tree_width=4, tree_first_width=300)
+    assert sp.SamplerConfig(tree_depth=2, tree_width=4, tree_first_width=256).tree_side_nodes == 255
 
 
 def test_seeds():

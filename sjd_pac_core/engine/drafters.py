@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 
-from ..config import SamplerConfig
+from ..config import SamplerConfig, tree_side_nodes
 from ..sampling.drafting import adaptive_continuation, initial_proposals
 from ..sampling.recipe import SamplingRecipe
 from .state import DraftWindow
@@ -36,10 +36,13 @@ class TreeDraft:
     candidates: long [levels, K]; row d is the draw for window position d (column 0 is the
     window's own draft). valid: bool [levels, K]; False marks padding slots (q had fewer than K
     tokens), which are never accepted. Every level has width K, so the pass's shape is fixed.
+    level_widths: per-level widths when they differ (a level of width w < K uses the first w
+    slots of its row, the rest marked invalid); None means K at every level.
     """
 
     candidates: torch.Tensor
     valid: torch.Tensor
+    level_widths: Optional[Tuple[int, ...]] = None
 
     @property
     def levels(self) -> int:
@@ -47,6 +50,8 @@ class TreeDraft:
 
     @property
     def widths(self) -> Tuple[int, ...]:
+        if self.level_widths is not None:
+            return self.level_widths
         return (int(self.candidates.shape[1]),) * self.levels
 
 
@@ -129,6 +134,24 @@ class Drafter(ABC):
                 for d in range(levels)]  # D - 1 levels, a handful
         return TreeDraft(torch.stack([c for c, _ in rows]), torch.stack([v for _, v in rows]))
 
+    @classmethod
+    def shaped_tree(cls, ctx: DraftContext, window: DraftWindow, start: int,
+                    widths: Sequence[int]) -> Optional[TreeDraft]:
+        """widths[d] candidates at window position d: one draw of max(widths) without replacement
+        per level, of which level d keeps the first widths[d] (a prefix of a draw without
+        replacement is itself one, so the contract holds)."""
+        levels = min(len(widths), len(window))
+        vocab = int(window.q.shape[-1])  # a level never draws more tokens than there are
+        widths = tuple(min(w, vocab) for w in widths[:levels])
+        if levels <= 0:
+            return None
+        if len(set(widths)) == 1:
+            return cls.tree(ctx, window, start, levels + 1, widths[0])
+        tree = cls.tree(ctx, window, start, levels + 1, max(widths))
+        within = torch.arange(max(widths), device=tree.valid.device) < torch.tensor(
+            widths, device=tree.valid.device).unsqueeze(-1)
+        return TreeDraft(tree.candidates, tree.valid & within, widths)
+
 
 class SJDDrafter(Drafter):
     """Speculative Jacobi Decoding: after a pass, every draft beyond the committed token is drawn
@@ -161,19 +184,24 @@ class SJDDrafter(Drafter):
 class PACDrafter(SJDDrafter):
     """SJD-PAC: Adaptive Continuation keeps every old draft the stale p accepts (else its residual
     redraw), and Proactive Drafting puts a tree of K candidates on the D - 1 positions after a
-    rejection. Either can be switched off (the paper's ablation)."""
+    rejection. Either can be switched off (the paper's ablation). `widths` overrides the
+    per-level candidate counts (e.g. a wider first level)."""
 
-    def __init__(self, continuation: bool, proactive: bool, depth: int, width: int) -> None:
+    def __init__(self, continuation: bool, proactive: bool, depth: int, width: int,
+                 widths: Optional[Sequence[int]] = None) -> None:
         self.continuation = continuation
         self.proactive = proactive and depth > 1
         self.depth, self.width = depth, width
+        self.widths = tuple(widths) if widths is not None else (width,) * max(depth - 1, 0)
 
     @property
     def max_side_nodes(self) -> int:
         if not self.proactive:
             return 0
-        levels = [self.width ** d for d in range(1, self.depth)]
-        return sum(levels) - len(levels)
+        return tree_side_nodes(self.widths)
+
+    def make_tree(self, ctx: DraftContext, window: DraftWindow, start: int) -> Optional[TreeDraft]:
+        return self.shaped_tree(ctx, window, start, self.widths)
 
     def continue_window(self, ctx: DraftContext, report: PassReport, rest: slice) -> Tuple[DraftWindow, int]:
         if not self.continuation:
@@ -185,11 +213,25 @@ class PACDrafter(SJDDrafter):
     def next_tree(self, ctx: DraftContext, report: PassReport, window: DraftWindow) -> Optional[TreeDraft]:
         if not (self.proactive and report.outcome.rejected):
             return None
-        return self.tree(ctx, window, report.num_committed, self.depth, self.width)
+        return self.make_tree(ctx, window, report.num_committed)
+
+
+class EveryPassTreeDrafter(PACDrafter):
+    """SJD-PAC with the tree on the first D - 1 window positions of every pass, as the authors'
+    sampler builds it: also after a fully accepted window (whose next drafts are all new to the
+    window) and on the first pass. The tree depends only on the stale q's, so it stays exact."""
+
+    def first(self, ctx: DraftContext, logits: torch.Tensor, start: int, target: int) -> Draft:
+        draft = super().first(ctx, logits, start, target)
+        return Draft(draft.window, self.make_tree(ctx, draft.window, start) if self.proactive else None)
+
+    def next_tree(self, ctx: DraftContext, report: PassReport, window: DraftWindow) -> Optional[TreeDraft]:
+        return self.make_tree(ctx, window, report.num_committed) if self.proactive else None
 
 
 def make_drafter(config: SamplerConfig) -> Drafter:
     """The drafter a configuration asks for."""
     if config.use_ac or config.use_pd:
-        return PACDrafter(config.use_ac, config.use_pd, config.tree_depth, config.tree_width)
+        kind = EveryPassTreeDrafter if config.tree_every_pass else PACDrafter
+        return kind(config.use_ac, config.use_pd, config.tree_depth, config.tree_width, config.tree_widths)
     return SJDDrafter()

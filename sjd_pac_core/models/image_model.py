@@ -84,6 +84,8 @@ class FamilyDefaults:
     window: int = 64
     tree_depth: int = 3
     tree_width: int = 4
+    tree_every_pass: bool = True
+    tree_first_width: Optional[int] = 8
 
     @property
     def resolution(self) -> str:
@@ -93,6 +95,7 @@ class FamilyDefaults:
         values = dict(
             cfg_scale=self.cfg_scale, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, window=self.window, tree_depth=self.tree_depth, tree_width=self.tree_width,
+            tree_every_pass=self.tree_every_pass, tree_first_width=self.tree_first_width,
         )
         values.update(overrides)
         return SamplerConfig(**values)

@@ -1,0 +1,142 @@
+"""Where a pass loses tokens, by drafting variant and verification rule (a counting benchmark).
+
+    python -m sjd_pac_core.bench.drafting --prompts 4 --seeds 0 1 --window 64
+
+Runs each drafting variant under both rules on the same prompts and seeds, and reports step
+compression (image tokens per forward pass: a count, valid on a loaded machine), the
+acceptance-length histogram, and where each pass's first rejection fell:
+
+* tree:      inside the Proactive Drafting levels (window positions 0..levels-1);
+* continued: on a draft carried over from the previous pass (kept by AC or redrawn from the
+             stale p), i.e. a position the previous pass already verified;
+* new:       on a draft for a position new to the window (from the furthest stale logits);
+* side end:  no rejection, but the accepted path left the tree's main branch, which ends the
+             pass (the chain hangs off the main branch only);
+* none:      the whole window was accepted.
+
+Everything comes from the per-pass records of `generate_image`; no timing is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from ..config import SamplerConfig
+from ..engine.stats import RunStats
+from ..generate import generate_image
+from .runner import load_prompts
+
+# name -> SamplerConfig changes on top of the model's defaults (method sjd_pac, window L).
+PAPER_PD = dict(tree_every_pass=False, tree_first_width=None)  # the paper's tree: after a rejection
+VARIANTS: Dict[str, dict] = {
+    "sjd": dict(method="sjd"),
+    "pac (tree after a rejection)": dict(PAPER_PD),
+    "pac, tree every pass": dict(tree_every_pass=True, tree_first_width=None),
+    "pac, every pass, first level 8": dict(tree_every_pass=True, tree_first_width=8),
+    "pac, every pass, first level 8, D=2": dict(tree_every_pass=True, tree_depth=2, tree_first_width=8),
+    "pac, every pass, first level 16, D=2": dict(tree_every_pass=True, tree_depth=2, tree_first_width=16),
+    "pac, every pass, first level 16, K=2": dict(tree_every_pass=True, tree_width=2, tree_first_width=16),
+    "pac, every pass, D=4 K=3": dict(tree_every_pass=True, tree_depth=4, tree_width=3, tree_first_width=None),
+}
+WHERE = ("tree", "continued", "new", "side end", "none")
+
+
+@dataclass
+class Tally:
+    """Counts pooled over the runs of one (variant, rule) cell."""
+
+    tokens: int = 0
+    passes: int = 0
+    runs: int = 0
+    where: Counter = field(default_factory=Counter)  # first rejection's place -> passes
+    lost_at: Counter = field(default_factory=Counter)  # place -> tokens committed by those passes
+    lengths: Counter = field(default_factory=Counter)  # tokens committed per pass -> passes
+    side_branch: int = 0  # passes whose accepted path left the main branch of the tree
+
+    @property
+    def step_compression(self) -> float:
+        return self.tokens / max(1, self.passes)
+
+    def add(self, stats: RunStats, tree_levels: int) -> None:
+        self.runs += 1
+        self.tokens += stats.tokens_committed
+        self.passes += stats.forward_passes
+        records = stats.records
+        for prev, rec in zip(records, records[1:]):  # the prefill (records[0]) drafts nothing
+            continued = max(0, prev.window - prev.committed)
+            levels = min(tree_levels, rec.window) if rec.tree_nodes else 0
+            where = classify(rec.first_reject, levels, continued, any(rec.branch))
+            self.where[where] += 1
+            self.lost_at[where] += rec.committed
+            self.lengths[rec.committed] += 1
+            self.side_branch += any(rec.branch)
+
+
+def classify(first_reject: int, tree_levels: int, continued: int, side_branch: bool = False) -> str:
+    """Where a pass's first rejection fell (see the module docstring)."""
+    if first_reject < 0:
+        return "side end" if side_branch else "none"
+    if first_reject < tree_levels:
+        return "tree"
+    return "continued" if first_reject < continued else "new"
+
+
+def measure(model, prompts: Sequence[str], seeds: Sequence[int], configs: Dict[str, SamplerConfig]) -> Dict[str, Tally]:
+    """Run every configuration on every (prompt, seed); pooled tallies by name."""
+    tallies = {name: Tally() for name in configs}
+    for prompt in prompts:
+        for seed in seeds:
+            for name, config in configs.items():
+                stats = generate_image(model, prompt, config=config, seed=seed).stats
+                for run in stats if isinstance(stats, list) else [stats]:
+                    tallies[name].add(run, len(config.tree_widths) if config.use_pd else 0)
+    return tallies
+
+
+def grid(defaults: SamplerConfig, window: int, variants: Sequence[str], rules: Sequence[str]) -> Dict[str, SamplerConfig]:
+    return {f"{v} | {r}": defaults.with_(**{"method": "sjd_pac", "window": window, "verify": r, **VARIANTS[v]})
+            for v in variants for r in rules}
+
+
+def table(tallies: Dict[str, Tally], max_length: int = 12) -> str:
+    """A markdown table: step compression, where the first rejection fell, accept lengths."""
+    head = ("| variant | rule | step compression | runs | first rejection: tree / continued / new / side end / none "
+            f"| side branch taken | passes committing 1 / 2-4 / 5-{max_length - 1} / >={max_length} |")
+    lines = [head, "|" + "---|" * 7]
+    for name, t in tallies.items():
+        variant, rule = name.split(" | ")
+        n = max(1, sum(t.where.values()))
+        where = " / ".join(f"{100 * t.where[w] / n:.0f}%" for w in WHERE)
+        short = sum(c for k, c in t.lengths.items() if k == 1)
+        mid = sum(c for k, c in t.lengths.items() if 2 <= k <= 4)
+        long_ = sum(c for k, c in t.lengths.items() if 5 <= k < max_length)
+        longest = sum(c for k, c in t.lengths.items() if k >= max_length)
+        lengths = " / ".join(f"{100 * c / n:.0f}%" for c in (short, mid, long_, longest))
+        lines.append(f"| {variant} | {rule} | {t.step_compression:.2f}x | {t.runs} | {where} "
+                     f"| {100 * t.side_branch / n:.0f}% | {lengths} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="demo")
+    parser.add_argument("--prompts", type=int, default=4, help="first N prompts of the model's prompt set")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--window", type=int, default=64)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--rules", nargs="+", default=["rejection", "gumbel"], choices=["rejection", "gumbel"])
+    args = parser.parse_args(argv)
+    from .. import load_model
+
+    model = load_model(args.model)
+    configs = grid(model.defaults.sampler_config(), args.window, args.variants, args.rules)
+    prompts = load_prompts("demo" if args.model == "demo" else "general", args.prompts)
+    print(f"{args.model}, L={args.window}, {len(prompts)} prompts x seeds {args.seeds}, model defaults otherwise")
+    print(table(measure(model, prompts, args.seeds, configs)))
+
+
+if __name__ == "__main__":
+    main()

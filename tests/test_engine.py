@@ -235,3 +235,21 @@ def test_compiled_passes_give_the_eager_tokens(lm):
     torch._dynamo.reset()
     _compiled_and_eager(lm)
     torch._dynamo.reset()
+
+
+def test_compiled_sessions_share_one_cache_capacity_across_prompt_lengths(lm):
+    """A compiled pass is specialised to the cache's capacity: prompts of different lengths must
+    land on the same capacity (else every new prompt length recompiles), eager ones need not."""
+    adapter = CausalLMAdapter(lm)
+
+    def capacity(prompt: torch.Tensor, compile: bool) -> int:
+        session = adapter.open_session([prompt])
+        session.configure(extra_tokens=300, compile=compile)
+        try:
+            return session.cursor.capacity
+        finally:
+            session.close()
+
+    short, longer = PROMPT[:2], torch.cat([PROMPT, PROMPT, PROMPT])
+    assert capacity(short, True) == capacity(longer, True) >= 300 + len(longer)
+    assert capacity(short, False) != capacity(longer, False)

@@ -30,6 +30,10 @@ PLAIN_HEAD_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # torch.compile backend of compiled passes; None = the default (inductor). Tests may use
 # "aot_eager", which traces the same graph without generating kernels.
 COMPILE_BACKEND: Optional[str] = None
+# A compiled pass is specialised to the cache's capacity. Rounding the capacity of compiled
+# sessions up to a multiple of this keeps prompts of different lengths on one graph (the bench
+# recompiled for every new prompt length before); the extra slots stay masked out.
+COMPILED_CAPACITY_STEP = 256
 
 
 class NotACausalLMError(TypeError):
@@ -79,6 +83,8 @@ class CausalLMSession(DecoderSession):
 
     def configure(self, extra_tokens: int, vocabulary: Optional[torch.Tensor] = None, compile: bool = False) -> None:
         capacity = self.width + extra_tokens
+        if compile:
+            capacity = -(-capacity // COMPILED_CAPACITY_STEP) * COMPILED_CAPACITY_STEP
         if capacity != self.cursor.capacity and self.past == 0:
             self.cursor.capacity = capacity
             self._set_capacity(capacity)

@@ -59,7 +59,7 @@ STATUS_LABELS = {
 FALLBACK_DEFAULTS = sp.FamilyDefaults(resolutions=())  # until a model is loaded
 DEFAULT_REPEATS = 3  # Compare: interleaved runs per method; the speedup is the ratio of medians
 MAX_REPEATS = 10
-MAX_DEPTH_FIELD = 8  # the D slider's top (K = 2 fits the tree budget up to D = 8)
+MAX_DEPTH_FIELD = 8  # the D slider's top (the budget allows D = 6 at K = 2 and more at K = 1)
 MAX_WIDTH_FIELD = 16
 
 CSS = """

@@ -471,7 +471,8 @@ def test_served_app_streams_stops_and_survives_errors(served_app, app_model):
     assert "window (L) must be a whole number" in bad[-1]["error"]
     bad = client.predict(*args_for(spec, model, tree_depth=8, tree_width=4), api_name="/generate")
     assert "with K = 4 use D <= 4" in bad[-1]["error"]
-    ok = client.predict(*args_for(spec, model, tree_depth=5, tree_width=3), api_name="/generate")  # 120 nodes
+    # 8 + 16 + 32 + 64 + 128 = 248 nodes (first level 8, then K = 2): inside the budget
+    ok = client.predict(*args_for(spec, model, tree_depth=6, tree_width=2), api_name="/generate")
     assert ok[-1]["status"] == "finished"  # within the budget, though above the page's first D top
 
     again = client.predict(*args_for(spec, model, method="sjd"), api_name="/generate")

@@ -78,12 +78,12 @@ def test_budget_error_is_immediate_and_a_queued_run_stopped_never_starts(served_
         busy.wait_for_selector("#compare-card-ar [data-status='progress']", timeout=RUN_TIMEOUT)
         running = "#compare-summary [data-status='progress']"
 
-        # Tab 2: the slider tops follow the tree budget (D's top is 4 at K = 4, 8 at K = 2), and a
+        # Tab 2: the slider tops follow the tree budget (D's top is 4 at K = 4, 6 at K = 2 (first level 8, then K)), and a
         # depth typed past the top is held at the top: the page cannot send an oversize tree.
         depth_top = "#tree-depth input[type=range]"
         assert page.get_attribute(depth_top, "max") == "4"
         set_number(page, "#tree-width input[type=number]", "2")
-        page.wait_for_function(f"() => document.querySelector('{depth_top}').max === '8'", timeout=10_000)
+        page.wait_for_function(f"() => document.querySelector('{depth_top}').max === '6'", timeout=10_000)
         set_number(page, "#tree-width input[type=number]", "4")
         page.wait_for_function(f"() => document.querySelector('{depth_top}').max === '4'", timeout=10_000)
         set_number(page, "#tree-depth input[type=number]", "8")

@@ -9,6 +9,7 @@ empty) asks for a random seed, which is returned so that the run can be reproduc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from typing import TYPE_CHECKING, List, Optional, Union
@@ -168,11 +169,9 @@ def run_record(config: SamplerConfig, *, prompt: str, seed: int, negative_prompt
                resolution: Optional[str] = None, model: str = "", family: str = "",
                batch_size: int = 1) -> dict:
     """Everything needed to reproduce a run, as plain JSON (saved in PNG metadata by the CLI and nodes)."""
+    knobs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}  # every knob, new ones too
+    knobs["cfg"] = knobs.pop("cfg_scale")
     return {
         "model": model, "family": family, "prompt": prompt, "negative_prompt": negative_prompt,
-        "resolution": resolution, "seed": int(seed), "batch_size": int(batch_size),
-        "method": config.method, "window": config.window, "tree_depth": config.tree_depth,
-        "tree_width": config.tree_width, "adaptive_continuation": config.adaptive_continuation,
-        "proactive_drafting": config.proactive_drafting, "verify": config.verify,
-        "cfg": config.cfg_scale, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
+        "resolution": resolution, "seed": int(seed), "batch_size": int(batch_size), **knobs,
     }

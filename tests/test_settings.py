@@ -85,3 +85,13 @@ def test_thread_rule_and_restore():
     with torch_threads(2) as used:
         assert used == torch.get_num_threads() == 2
     assert torch.get_num_threads() == before
+
+
+def test_run_record_carries_every_knob():
+    import dataclasses
+
+    from sjd_pac_core.settings import run_record
+
+    record = run_record(sp.SamplerConfig(tree_first_width=6), prompt="a red circle", seed=5)
+    names = {f.name for f in dataclasses.fields(sp.SamplerConfig)} - {"cfg_scale"}
+    assert names <= set(record) and record["cfg"] == 1.0 and record["tree_first_width"] == 6

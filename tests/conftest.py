@@ -36,3 +36,14 @@ def smoke_demo_folder(tmp_path_factory) -> Path:
         check=True, cwd=REPO, capture_output=True,
     )
     return out
+
+
+@pytest.fixture(scope="module")
+def tiny_lumina_sizes():
+    """Lumina-mGPT's sizes are a constant of the family (512/768/1024 px); the tiny test
+    checkpoints run at 96x96 and 64x64 instead, without users ever seeing such sizes."""
+    from sjd_pac_core.models import lumina_mgpt
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lumina_mgpt, "LUMINA_SIZES", (96, 64))
+        yield

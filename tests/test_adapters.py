@@ -41,13 +41,8 @@ TEST_RESOLUTION = {"lumina_mgpt": "96x96", "emu3": "48x48", "janus": "96x96"}
 PROMPT = "a red cat on the blue field"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tiny_lumina_sizes():
-    # Lumina-mGPT's sizes are a constant of the family (512/768/1024); the tiny checkpoint is run at
-    # 96x96 and 64x64 instead, without users ever seeing such sizes.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(lumina_mgpt, "LUMINA_SIZES", (96, 64))
-        yield
+# The tiny Lumina-mGPT checkpoint runs at 96x96 / 64x64 (conftest.py).
+pytestmark = pytest.mark.usefixtures("tiny_lumina_sizes")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ import torch
 
 import sjd_pac_core as sp
 from exactness_tools import planted_fault
-from sjd_pac_core.models import lumina_mgpt
 from sjd_pac_core.sampling.recipe import SamplingRecipe, TokenConstraints, process
 from sjd_pac_core.sampling.verify import gumbel_argmax, gumbel_noise
 from tiny_checkpoints import BUILDERS
@@ -30,12 +29,8 @@ DEMO_TOKENS = 40  # the demo's first rows (2 rows + 6 codes, with their end-of-l
 SEED = 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def tiny_lumina_sizes():
-    # The tiny Lumina checkpoint runs at 96x96 / 64x64 (as in test_adapters.py).
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(lumina_mgpt, "LUMINA_SIZES", (96, 64))
-        yield
+# The tiny Lumina-mGPT checkpoint runs at 96x96 / 64x64 (conftest.py).
+pytestmark = pytest.mark.usefixtures("tiny_lumina_sizes")
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Load the bundled demo text-to-image model and turn its tokens into pictures.
 
     from sjd_pac_core.demo.model import load_demo
-    demo = load_demo()                       # LlamaForCausalLM (fp32, eval) + VQ + vocabulary
+    demo = load_demo()                       # GPT2LMHeadModel (fp32, eval) + VQ + vocabulary
     prompt = demo.prompt_ids("a red circle top left on a blue background")
     ...sample demo.num_image_tokens tokens with demo.allowed_tokens() ...
     image = demo.tokens_to_image(tokens)     # PIL.Image, 64x64
@@ -60,14 +60,14 @@ class DemoModel:
 
 def load_demo(path: str | None = None, dtype: torch.dtype = torch.float32) -> DemoModel:
     """Load LM (upcast to ``dtype``, eval mode), VQ and vocabulary from ``path``."""
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     path = path or WEIGHTS_DIR
     if not os.path.exists(os.path.join(path, "model.safetensors")):
         raise FileNotFoundError(
             f"no demo weights in {path}; rebuild them with `python -m sjd_pac_core.demo.train --out {path}`"
         )
-    model = LlamaForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     vq = VQModel.from_pretrained(path)
     vocab = DemoVocab.load(path)
     if model.config.vocab_size != vocab.vocab_size:

@@ -30,7 +30,38 @@ LOSS_LOG = "loss_log.jsonl"
 TRAINING_LOG = "training_log.json"
 
 
-def lm_config(vocab: DemoVocab, hidden: int, layers: int, heads: int, intermediate: int, max_pos: int):
+ARCHITECTURES = ("gpt2", "llama")
+PROMPT_SLOTS = 20  # word slots of every prompt: the longest training caption has 19 words
+
+
+def lm_config(vocab: DemoVocab, hidden: int, layers: int, heads: int, intermediate: int, max_pos: int,
+              arch: str = "gpt2"):
+    """The LM's transformers config. ``gpt2`` (the default) has learned absolute position
+    embeddings: with fixed-length prompts every image token has its own, so row and column are
+    explicit inputs. ``llama`` (1D RoPE, the first shipped model) must infer them from distances."""
+    if arch == "gpt2":
+        from transformers import GPT2Config
+
+        return GPT2Config(
+            vocab_size=vocab.vocab_size,
+            n_positions=max_pos,
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=heads,
+            n_inner=intermediate,
+            activation_function="gelu_new",
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            layer_norm_epsilon=1e-5,
+            tie_word_embeddings=False,
+            bos_token_id=BOS,
+            eos_token_id=EOI,
+            pad_token_id=PAD,
+            attn_implementation="sdpa",
+        )
+    if arch != "llama":
+        raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -129,13 +160,17 @@ def main(argv=None):
     ap.add_argument("--vq-batch", type=int, default=32)
     ap.add_argument("--vq-lr", type=float, default=2e-3)
     ap.add_argument("--codebook", type=int, default=512)
-    ap.add_argument("--lm-steps", type=int, default=1800)
+    ap.add_argument("--lm-steps", type=int, default=2400)
     ap.add_argument("--lm-batch", type=int, default=16)
     ap.add_argument("--lm-lr", type=float, default=2e-3)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--intermediate", type=int, default=512)
+    ap.add_argument("--arch", choices=ARCHITECTURES, default="gpt2",
+                    help="gpt2: learned absolute positions (2D layout is learnable); llama: 1D RoPE")
+    ap.add_argument("--prompt-slots", type=int, default=PROMPT_SLOTS,
+                    help="fixed word slots per prompt (0: prompts as long as their caption)")
     ap.add_argument("--caption-dropout", type=float, default=0.12)
     ap.add_argument("--object-weight", type=float, default=4.0,
                     help="extra loss weight on the image tokens where the caption puts an object (0: plain cross entropy)")
@@ -216,7 +251,8 @@ def main(argv=None):
     t_enc = time.process_time() - t_cpu0 - t_data - t_vq
 
     # ---- 3. vocabulary ------------------------------------------------------------------
-    vocab = DemoVocab(words=list(D.CAPTION_WORDS), codebook_size=args.codebook, grid=16)
+    vocab = DemoVocab(words=list(D.CAPTION_WORDS), codebook_size=args.codebook, grid=16,
+                      prompt_slots=args.prompt_slots or None)
     vocab.save(out)
     prompts, img = build_sequences(vocab, captions, codes)
     img_weights = object_loss_weights(np.stack([D.caption_regions(c) for c in captions]), args.object_weight)
@@ -226,12 +262,12 @@ def main(argv=None):
     max_pos = 1 << (max_len - 1).bit_length()
 
     # ---- 4. LM -------------------------------------------------------------------------
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(args.seed)
     g = torch.Generator().manual_seed(args.seed + 1)
-    cfg = lm_config(vocab, args.hidden, args.layers, args.heads, args.intermediate, max_pos)
-    model = LlamaForCausalLM(cfg)
+    cfg = lm_config(vocab, args.hidden, args.layers, args.heads, args.intermediate, max_pos, args.arch)
+    model = AutoModelForCausalLM.from_config(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"LM: {n_params / 1e6:.2f}M parameters, vocab {vocab.vocab_size}, max_pos {max_pos}", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -273,6 +309,8 @@ def main(argv=None):
                 "caption_dropout": args.caption_dropout,
                 "object_weight": args.object_weight,
                 "params": n_params,
+                "arch": args.arch,
+                "prompt_slots": vocab.prompt_slots,
                 "hidden": args.hidden,
                 "layers": args.layers,
                 "heads": args.heads,

@@ -9,6 +9,12 @@ Sequence layout (mirrors Lumina-mGPT / Emu3 style models):
 
 The prompt is ``<bos> words <boi>``; the image part is 16 * 17 = 272 tokens, every 17th an
 ``<eol>``; the unconditional prompt for classifier-free guidance is ``<bos> <boi>``.
+
+With ``prompt_slots`` set (the shipped model: 20), every prompt has the same length: the words are
+followed by ``<pad>`` up to ``prompt_slots`` (the unconditional prompt is all ``<pad>``), so image
+token (row, column) always sits at the same absolute position and a model with learned position
+embeddings (GPT-2) can learn the 2D layout from them. Longer captions keep their first
+``prompt_slots`` words.
 """
 
 from __future__ import annotations
@@ -38,10 +44,13 @@ class DemoVocab:
     codebook_size: int = 512
     grid: int = 16
     specials: list[str] = field(default_factory=lambda: list(SPECIALS))
+    prompt_slots: int | None = None  # fixed number of word slots per prompt; None = as many as words
 
     def __post_init__(self):
         if self.specials != SPECIALS:
             raise ValueError(f"special tokens must be {SPECIALS}")
+        if self.prompt_slots is not None and (isinstance(self.prompt_slots, bool) or self.prompt_slots < 1):
+            raise ValueError(f"prompt_slots must be a positive int or None, got {self.prompt_slots!r}")
         self._word_id = {w: len(self.specials) + i for i, w in enumerate(self.words)}
 
     # -- sizes / ids -----------------------------------------------------------------------
@@ -69,12 +78,15 @@ class DemoVocab:
         return [self._word_id.get(w, UNK) for w in caption_words(caption)]
 
     def prompt_ids(self, caption: str | None) -> torch.Tensor:
-        """``<bos> words <boi>``; ``None`` or ``""`` gives the unconditional prompt."""
+        """``<bos> words <boi>`` (words padded or cut to ``prompt_slots`` when it is set);
+        ``None`` or ``""`` gives the unconditional prompt."""
         words = self.encode_caption(caption) if caption else []
+        if self.prompt_slots is not None:
+            words = words[: self.prompt_slots] + [PAD] * max(0, self.prompt_slots - len(words))
         return torch.tensor([BOS, *words, BOI], dtype=torch.long)
 
     def uncond_prompt_ids(self) -> torch.Tensor:
-        return torch.tensor([BOS, BOI], dtype=torch.long)
+        return self.prompt_ids(None)
 
     def decode_ids(self, ids) -> str:
         out = []
@@ -144,7 +156,8 @@ class DemoVocab:
             "grid": self.grid,
             "vocab_size": self.vocab_size,
             "layout": "<bos> caption <boi> (grid codes, <eol>) x grid <eoi>",
-            "uncond_prompt": ["<bos>", "<boi>"],
+            "prompt_slots": self.prompt_slots,
+            "uncond_prompt": self.decode_ids(self.uncond_prompt_ids()).split(),
         }
 
     def save(self, path: str) -> None:
@@ -157,7 +170,8 @@ class DemoVocab:
         p = path if path.endswith(".json") else os.path.join(path, VOCAB_FILE)
         with open(p) as f:
             d = json.load(f)
-        v = cls(words=d["words"], codebook_size=d["codebook_size"], grid=d["grid"], specials=d["specials"])
+        v = cls(words=d["words"], codebook_size=d["codebook_size"], grid=d["grid"], specials=d["specials"],
+                prompt_slots=d.get("prompt_slots"))
         if v.image_offset != d["image_offset"]:
             raise ValueError("vocab.json image_offset does not match its word list")
         return v

@@ -17,6 +17,11 @@ from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncodi
 from .loader import ModelLoadError, check_checkpoint_matches
 
 
+# The shipped demo LM is a GPT-2 (learned absolute positions); the first one was a Llama, and
+# `demo.train --arch llama` still builds one.
+DEMO_MODEL_TYPES = ("gpt2", "llama")
+
+
 class DemoImageModel(ARImageModel):
     family = "demo"
     # Measured on the shipped weights (README, "Demo model"; `python -m sjd_pac_core.demo.quality`):
@@ -36,7 +41,7 @@ class DemoImageModel(ARImageModel):
     @classmethod
     def matches(cls, folder: Path, config: dict) -> bool:
         return (
-            config.get("model_type") == "llama"
+            config.get("model_type") in DEMO_MODEL_TYPES
             and (folder / VOCAB_FILE).is_file()
             and (folder / VQ_CONFIG).is_file()
         )
@@ -51,10 +56,11 @@ class DemoImageModel(ARImageModel):
                 )
         # transformers would fill a missing weight with random values: compare the file's header
         # with the model config.json builds (on the meta device: no memory) before loading.
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
+        model_config = AutoConfig.for_model(**config)
         with torch.device("meta"):
-            skeleton = LlamaForCausalLM(LlamaConfig.from_dict(config))
+            skeleton = AutoModelForCausalLM.from_config(model_config)
         check_checkpoint_matches(folder / "model.safetensors", {k: v.shape for k, v in skeleton.state_dict().items()})
         try:
             demo = load_demo(str(folder), dtype=dtype)
@@ -78,6 +84,13 @@ class DemoImageModel(ARImageModel):
                 f"The demo model does not know the words {', '.join(unknown)}; generating from the "
                 "rest of the prompt."
             )
+        slots = self.vocab.prompt_slots
+        if slots is not None and len(known) > slots:
+            warnings.append(
+                f"The demo model reads {slots} words; the prompt has {len(known)}, so "
+                f"'{' '.join(known[slots:])}' is left out (shorten the prompt)."
+            )
+            known = known[:slots]
         if not known:
             warnings.append("The prompt is empty for the demo model; generating unconditionally.")
         if negative_prompt.strip():

@@ -345,9 +345,10 @@ def emu3_hub(tmp_path_factory):
     from tiny_checkpoints import build_emu3_hub
 
     folder = build_emu3_hub(tmp_path_factory.mktemp("emu3_hub") / "emu3-gen")
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp:  # read once, while loading (the other tests need 720x720)
         mp.setattr(emu3_mod, "DEFAULT_IMAGE_AREA", 48 * 48)
-        yield folder, sp.load_model(folder, dtype="fp32", device="cpu")
+        model = sp.load_model(folder, dtype="fp32", device="cpu")
+    return folder, model
 
 
 def test_emu3_hub_layout_loads_and_matches_transformers_generate(emu3_hub):

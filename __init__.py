@@ -18,7 +18,10 @@ if __package__:  # loaded as a package, as ComfyUI's custom-node loader does
     from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: E402
     from .nodes import comfy_bridge as _comfy_bridge  # noqa: E402
 
+    from .nodes.loader import resolutions_for_choice as _resolutions_for_choice  # noqa: E402
+
     _comfy_bridge.register_model_folder()  # models/autoregressive; a no-op outside ComfyUI
+    _comfy_bridge.register_routes(_resolutions_for_choice)  # the sampler's resolution list (web/)
     _comfy_bridge.order_workflow_templates(os.path.basename(_HERE))  # template browser: 1, 2, 3, ...
 else:
     # Imported as a plain module: pytest does this to the repository root of a clone whose folder

@@ -92,6 +92,32 @@ def model_roots() -> List[str]:
         return []
 
 
+# --- server route: the sizes of a model folder, for the sampler's resolution list ------------------
+RESOLUTIONS_ROUTE = "/sjd_pac/resolutions"  # GET ?model=<loader choice> -> JSON (nodes.loader)
+
+
+def register_routes(resolutions_for: Callable[[str], dict]) -> bool:
+    """Add RESOLUTIONS_ROUTE to ComfyUI's server (a no-op outside ComfyUI); True when added.
+    The web extension asks it for the loader's model and narrows the sampler's resolution list."""
+    server = _comfy("server")
+    instance = getattr(getattr(server, "PromptServer", None), "instance", None)
+    routes = getattr(instance, "routes", None)
+    if routes is None:
+        return False
+
+    async def resolutions(request):
+        from aiohttp import web  # ComfyUI's web server
+
+        return web.json_response(resolutions_for(request.rel_url.query.get("model", "")))
+
+    try:
+        routes.get(RESOLUTIONS_ROUTE)(resolutions)
+    except Exception:  # a ComfyUI whose server differs: the list then stays the full one
+        log.debug("sjd-pac: could not add %s", RESOLUTIONS_ROUTE, exc_info=True)
+        return False
+    return True
+
+
 # --- devices and memory ---------------------------------------------------------------------------
 def choose_device(choice: str) -> str:
     """'auto' / 'gpu' / 'cpu' -> a device string for load_model; respects ComfyUI's --cpu."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import sjd_pac_core as sp
-from sjd_pac_core.models.loader import DEMO_NAME, resolve_device
+from sjd_pac_core.models.loader import DEMO_NAME, ModelLoadError, folder_resolutions, resolve_device
 
 from . import comfy_bridge
 from .datatypes import AR_IMAGE_MODEL, ModelHandle
@@ -42,6 +42,18 @@ def resolve_choice(name: str) -> str:
         if (folder / "config.json").is_file():
             return str(folder.resolve())
     raise ValueError(_missing_model_message(name))
+
+
+def resolutions_for_choice(name: str) -> Dict[str, Any]:
+    """What the front end shows in the sampler's resolution list for a loader choice, read from the
+    folder's config.json and name without loading the model: {"model", "family", "resolutions"}
+    (resolutions None = show every size), or {"model", "error"} for a folder that is not there or
+    not loadable (the sampler then keeps every size; running names the problem)."""
+    try:
+        family, sizes = folder_resolutions(resolve_choice(name))
+    except (ValueError, OSError) as exc:  # ModelLoadError is a ValueError
+        return {"model": name, "error": str(exc)}
+    return {"model": name, "family": family, "resolutions": list(sizes) if sizes is not None else None}
 
 
 class LoadARImageModel:

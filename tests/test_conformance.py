@@ -338,6 +338,42 @@ def test_tokens_and_pixels_match_transformers_generate(models, family, resolutio
     assert np.array_equal(np.asarray(result.images[0]), np.asarray(ref_images[0]))
 
 
+@pytest.fixture(scope="module")
+def emu3_hub(tmp_path_factory):
+    """Emu3 in BAAI/Emu3-Gen-hf's layout (Emu3-community/Emu3-Gen-hf is the same repository under its
+    old name). Its config.json has no image_area, so the default 720x720 area is shrunk here."""
+    from tiny_checkpoints import build_emu3_hub
+
+    folder = build_emu3_hub(tmp_path_factory.mktemp("emu3_hub") / "emu3-gen")
+    with pytest.MonkeyPatch.context() as mp:  # read once, while loading (the other tests need 720x720)
+        mp.setattr(emu3_mod, "DEFAULT_IMAGE_AREA", 48 * 48)
+        model = sp.load_model(folder, dtype="fp32", device="cpu")
+    return folder, model
+
+
+def test_emu3_hub_layout_loads_and_matches_transformers_generate(emu3_hub):
+    folder, model = emu3_hub
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(index.values())) == 2 and not (folder / "model.safetensors").exists()
+    assert "text_model.lm_head.weight" in index and any(k.startswith("vqmodel.decoder.") for k in index)
+    assert any(k.startswith("text_model.model.layers.1.") for k in index)
+    config = json.loads((folder / "config.json").read_text())
+    assert "image_area" not in config and "rope_scaling" in config["text_config"]
+    assert type(model.processor.tokenizer).__name__ == "GPT2Tokenizer"
+    assert not (folder / "processor_config.json").exists() and (folder / "preprocessor_config.json").is_file()
+    assert model.defaults.resolutions == ("48x48", "56x40", "40x56", "64x32", "32x64")
+    ref_tokens, ref_images = _emu3_reference(model, "56x40", 3.0)
+    for method, kw in (("ar", {}), ("sjd_pac", {"window": 8, "tree_width": 1})):
+        result = sample(model, method, "56x40", cfg=3.0, **kw)
+        assert torch.equal(model.token_space[result.tokens], ref_tokens), method
+    assert result.images[0].size == (56, 40)
+    assert np.array_equal(np.asarray(result.images[0]), np.asarray(ref_images[0]))
+    # Sampled with top-k > 1, the seed-exact rule still gives ar == sjd_pac.
+    ar = sample(model, "ar", "40x56", cfg=3.0, top_k=20, seed=2)
+    pac = sample(model, "sjd_pac", "40x56", cfg=3.0, top_k=20, seed=2, window=8)
+    assert torch.equal(ar.tokens, pac.tokens) and pac.images[0].size == (40, 56)
+
+
 def test_processor_mean_and_std_come_from_the_checkpoint(models, folders):
     for family in ("emu3", "janus"):
         saved = {}

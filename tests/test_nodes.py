@@ -585,3 +585,69 @@ def test_web_chart_logic(tmp_path):
     assert '"done":true' in out.stdout and "16/272 tokens" in out.stdout
     check = subprocess.run(["node", "--check", str(REPO / "web" / "sjd_pac.js")], capture_output=True, timeout=30)
     assert check.returncode == 0, check.stderr
+
+
+# --- the resolution list the web extension shows (web/sjd_pac_sizes.js) ------------------------
+def _config_folders(root: Path) -> None:
+    """Checkpoint folders as the family detection sees them (config.json and the name only)."""
+    import json
+
+    for name, model_type in (("lumina-mgpt-7b-768", "chameleon"), ("emu3-gen", "emu3"), ("janus-pro-7b", "janus"),
+                             ("gpt2-text", "gpt2")):
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps({"model_type": model_type}))
+
+
+def test_resolution_list_of_each_family_without_loading_it(pack, bridge, model_setup, tmp_path):
+    from sjd_pac_core.models import sizes
+
+    _config_folders(tmp_path)
+    demo_choice, demo_root = model_setup
+    bridge.hooks.model_roots = lambda: [str(tmp_path)] + ([demo_root] if demo_root else [])
+    lookup = submodule("loader").resolutions_for_choice
+    static = submodule("sampler").RESOLUTIONS
+    lumina = lookup("lumina-mgpt-7b-768")
+    assert lumina["family"] == "lumina_mgpt" and lumina["resolutions"][0] == "768x768"
+    assert lumina["resolutions"] == [f"{w}x{h}" for w, h in sizes.trained_sizes(768)]
+    assert {"1024x576", "576x1024"} <= set(lumina["resolutions"]) and "512x512" not in lumina["resolutions"]
+    assert lookup("emu3-gen") == {"model": "emu3-gen", "family": "emu3", "resolutions": list(sizes.EMU3_RESOLUTIONS)}
+    assert lookup("janus-pro-7b")["resolutions"] == ["384x384"]
+    assert lookup(demo_choice)["resolutions"] == ["64x64"]
+    for answer in (lumina, lookup("emu3-gen"), lookup("janus-pro-7b")):  # all in ComfyUI's static list
+        assert set(answer["resolutions"]) <= set(static)
+    for bad in ("not-there", "gpt2-text"):  # the list stays whole; running names the problem
+        answer = lookup(bad)
+        assert "resolutions" not in answer and one_sentence(answer["error"]), answer
+
+
+def test_resolutions_route_is_added_only_inside_comfyui(pack, bridge, model_setup, tmp_path, monkeypatch):
+    import asyncio
+
+    _config_folders(tmp_path)
+    bridge.hooks.model_roots = lambda: [str(tmp_path)]
+    lookup = submodule("loader").resolutions_for_choice
+    assert bridge.register_routes(lookup) is False  # plain Python: nothing to register with
+    added = {}
+
+    class Routes:
+        def get(self, path):
+            def add(handler):
+                added[path] = handler
+                return handler
+            return add
+
+    server = types.ModuleType("server")
+    server.PromptServer = types.SimpleNamespace(instance=types.SimpleNamespace(routes=Routes()))
+    web = types.ModuleType("aiohttp.web")
+    web.json_response = lambda data: ("json", data)
+    aiohttp = types.ModuleType("aiohttp")
+    aiohttp.web = web
+    for name, module in (("server", server), ("aiohttp", aiohttp), ("aiohttp.web", web),
+                         ("folder_paths", types.ModuleType("folder_paths")),
+                         ("comfy.model_management", types.ModuleType("comfy.model_management"))):
+        monkeypatch.setitem(sys.modules, name, module)
+    assert bridge.register_routes(lookup) is True
+    handler = added[bridge.RESOLUTIONS_ROUTE]
+    request = types.SimpleNamespace(rel_url=types.SimpleNamespace(query={"model": "janus-pro-7b"}))
+    assert asyncio.run(handler(request)) == ("json", {"model": "janus-pro-7b", "family": "janus",
+                                                      "resolutions": ["384x384"]})

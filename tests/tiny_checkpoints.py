@@ -354,3 +354,129 @@ LAYOUT_BUILDERS = {**BUILDERS, "lumina_mgpt_transformers": build_lumina_transfor
 
 def describe(folder: Path) -> str:
     return json.dumps(sorted(p.name for p in folder.iterdir()))
+
+
+# --- Emu3 as BAAI/Emu3-Gen-hf publishes it ------------------------------------------------------
+def _byte_to_char() -> Dict[int, str]:
+    """GPT-2's byte -> printable character table (byte-level BPE)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def build_emu3_hub(folder: Path, seed: int = 0, shards: int = 2) -> Path:
+    """Emu3 in the layout of BAAI/Emu3-Gen-hf (transformers' converter, convert_emu3_weights_to_hf.py,
+    at transformers 4.48): a byte-level BPE tokenizer saved as GPT2Tokenizer (vocab.json, merges.txt,
+    tokenizer.json, tokenizer_config.json with extra_special_tokens, special_tokens_map.json), the
+    image processor in preprocessor_config.json, a chat_template.json, config.json in 4.48's keys
+    (torch_dtype, text_config with rope_scaling; no image_area - the loader's default 720x720 area
+    applies, so tests shrink DEFAULT_IMAGE_AREA), and the weights in shards + index under the
+    4.48 class's names (text_model.model.*, text_model.lm_head.weight, vqmodel.*).
+    The same network as build_emu3(seed) except for the token ids (another tokenizer)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import Emu3Config, Emu3ForConditionalGeneration
+
+    folder.mkdir(parents=True, exist_ok=True)
+    byte_chars = _byte_to_char()
+    vocab: Dict[str, int] = {byte_chars[b]: b for b in range(256)}  # tiktoken's first 256 ranks
+    merges: List[str] = []
+    space = byte_chars[ord(" ")]
+    for word in TEXT_WORDS + ["lowres", "blurry"]:
+        for form in (word, space + word):
+            for i in range(2, len(form) + 1):
+                left, right = form[: i - 1], form[i - 1]
+                if form[:i] not in vocab:
+                    merges.append(f"{left} {right}")
+                    vocab[form[:i]] = len(vocab)
+    specials = list(EMU3_SPECIALS)
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(EMU3_CODES, generator=gen).tolist()
+    base = len(vocab) + len(specials)
+    visual = {f"<|visual token {c:06d}|>": base + order[c] for c in range(EMU3_CODES)}
+    added = {name: len(vocab) + i for i, name in enumerate(specials)}
+    added.update(visual)
+    full_vocab = dict(vocab, **added)
+    added_tokens = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                     "normalized": False, "special": True} for t, i in sorted(added.items(), key=lambda x: x[1])]
+    tokenizer_json = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added_tokens, "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
+                  "vocab": full_vocab, "merges": merges},
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json, ensure_ascii=False))
+    (folder / "vocab.json").write_text(json.dumps(full_vocab, ensure_ascii=False))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges))
+    special_map = {"bos_token": "<|extra_203|>", "eos_token": "<|extra_204|>", "pad_token": "<|endoftext|>"}
+    (folder / "special_tokens_map.json").write_text(json.dumps(special_map))
+    extra = {"image_token": "<image>", "boi_token": "<|image start|>", "eoi_token": "<|image end|>",
+             "image_wrapper_token": "<|image token|>", "eof_token": "<|extra_201|>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "add_prefix_space": False, "added_tokens_decoder": {str(t["id"]): {k: v for k, v in t.items() if k != "id"}
+                                                            for t in added_tokens},
+        **special_map, "clean_up_tokenization_spaces": False, "extra_special_tokens": extra,
+        "model_max_length": 1000000000000000019884624838656, "padding_side": "left",
+        "processor_class": "Emu3Processor", "tokenizer_class": "GPT2Tokenizer",
+    }))
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+        "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Emu3ImageProcessor", "image_std": [0.5, 0.5, 0.5],
+        "max_pixels": 1048576, "min_pixels": 262144, "processor_class": "Emu3Processor", "resample": 3,
+        "rescale_factor": 0.00392156862745098, "spatial_factor": 8,
+    }))
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": (
+        "{% for message in messages %}{{ message['role'].upper() + ': ' }}{% for c in message['content'] %}"
+        "{% if c['type'] == 'text' %}{{ c['text'] + ' ' }}{% endif %}{% endfor %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}")}))
+    ids = {name: full_vocab[name] for name in ("<|extra_203|>", "<|extra_204|>", "<|endoftext|>")}
+    config = Emu3Config(
+        vq_config={"codebook_size": EMU3_CODES, "embed_dim": 4, "latent_channels": 4, "base_channels": 32,
+                   "channel_multiplier": [1, 1, 1, 1], "num_res_blocks": 1, "attn_resolutions": [],
+                   "hidden_size": 32, "num_attention_heads": 1},
+        text_config={"vocab_size": len(full_vocab), "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                     "max_position_embeddings": 512, "pad_token_id": ids["<|endoftext|>"],
+                     "bos_token_id": ids["<|extra_203|>"], "eos_token_id": ids["<|extra_204|>"]},
+        vocabulary_map=dict(full_vocab),
+    )
+    torch.manual_seed(seed)
+    model = Emu3ForConditionalGeneration(config).eval()
+    _peaked(model.lm_head.weight, model.get_input_embeddings().weight, head_scale=60.0)
+    model.save_pretrained(folder)  # writes the 4.48 names (text_model.model.*, vqmodel.*)
+    # Shards + index, as the hub repo holds them (8 shards there).
+    state = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    keys = sorted(state)
+    weight_map = {}
+    for i in range(shards):
+        name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: state[k] for k in keys[i::shards]}
+        save_file(part, str(folder / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, name))
+    total = sum(v.numel() * v.element_size() for v in state.values())
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    # config.json in transformers 4.48's keys, as the hub's config.json has them.
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.pop("image_area", None)
+    cfg["torch_dtype"] = cfg.pop("dtype", "float32")
+    text = cfg["text_config"]
+    rope = text.pop("rope_parameters", None) or {}
+    text["rope_scaling"] = {"rope_type": rope.get("rope_type", "default")}
+    text["rope_theta"] = rope.get("rope_theta", 1000000.0)
+    text["model_type"] = "emu3_text_model"
+    cfg["transformers_version"] = "4.48.0.dev0"
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps({
+        "do_sample": True, "eos_token_id": ids["<|extra_204|>"], "max_new_tokens": 50000,
+        "pad_token_id": ids["<|endoftext|>"], "top_k": 2048, "transformers_version": "4.48.0.dev0"}))
+    return folder

@@ -1,9 +1,27 @@
 // ComfyUI front-end extension of sjd-pac: a live chart on the SJD-PAC Sampler node (tokens accepted
 // per forward pass and the running step compression), fed by the server's "sjd_pac.progress"
-// messages, and the summary text drawn on the SJD Stats node after it runs.
+// messages, the summary text drawn on the SJD Stats node after it runs, and the sampler's
+// resolution list narrowed to the sizes of the model its loader names (sjd_pac_sizes.js).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { applyProgress, drawChart, emptyChart, wrapText } from "./sjd_pac_chart.js";
+import { LOADER_TYPE, RESOLUTION_NODES, ROUTE, createSizeLookup, refreshResolutions } from "./sjd_pac_sizes.js";
+
+const lookupSizes = createSizeLookup(async (model) => {
+  const response = await api.fetchApi(`${ROUTE}?model=${encodeURIComponent(model)}`);
+  return response.ok ? response.json() : null;
+});
+
+function refreshNode(node) {
+  refreshResolutions(node.graph ?? app.graph, node, lookupSizes).catch(() => {});
+}
+
+function refreshAllSamplers() {
+  const graph = app.graph;
+  for (const node of graph?._nodes ?? graph?.nodes ?? []) {
+    if (RESOLUTION_NODES.has(node.type ?? node.comfyClass)) refreshNode(node);
+  }
+}
 
 const CHART_NODES = new Set(["SJDPACSampler", "SJDPACTextToImage"]);
 const CHART_HEIGHT = 120;
@@ -64,6 +82,36 @@ app.registerExtension({
         const r = onNodeCreated?.apply(this, arguments);
         this._sjdChart = emptyChart();
         this.addCustomWidget(chartWidget(this));
+        return r;
+      };
+    }
+    if (RESOLUTION_NODES.has(nodeData.name)) {
+      const onConnectionsChange = nodeType.prototype.onConnectionsChange;
+      nodeType.prototype.onConnectionsChange = function () {
+        const r = onConnectionsChange?.apply(this, arguments);
+        refreshNode(this);
+        return r;
+      };
+      const onConfigure = nodeType.prototype.onConfigure;
+      nodeType.prototype.onConfigure = function () {
+        const r = onConfigure?.apply(this, arguments);
+        setTimeout(() => refreshNode(this), 0); // after the graph's links are in place
+        return r;
+      };
+    }
+    if (nodeData.name === LOADER_TYPE) {
+      const onNodeCreated = nodeType.prototype.onNodeCreated;
+      nodeType.prototype.onNodeCreated = function () {
+        const r = onNodeCreated?.apply(this, arguments);
+        const widget = this.widgets?.find((w) => w.name === "model");
+        if (widget) {
+          const callback = widget.callback;
+          widget.callback = function () {
+            const out = callback?.apply(this, arguments);
+            refreshAllSamplers();
+            return out;
+          };
+        }
         return r;
       };
     }

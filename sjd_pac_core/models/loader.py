@@ -482,3 +482,25 @@ def list_model_folders(root: Union[str, os.PathLike]) -> List[Path]:
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and (p / "config.json").is_file())
+
+
+def folder_resolutions(path: Union[str, os.PathLike]) -> Tuple[str, Optional[Tuple[str, ...]]]:
+    """(family, its sizes "WxH", default first) of a checkpoint folder (or "demo"), read from
+    config.json and the folder name alone - no weights, tokenizer or processor are loaded. The
+    sizes are None where they need the processor (an Emu3 config with its own image_area).
+    ModelLoadError when the folder is not a checkpoint of a supported family."""
+    from . import sizes
+
+    folder = resolve_folder(path)
+    config = read_config(folder)
+    family = detect_family(folder, config)
+    if family == "lumina_mgpt":
+        from .lumina_mgpt import _default_sizes
+
+        return family, tuple(f"{w}x{h}" for w, h in sizes.trained_sizes(_default_sizes(folder)[0]))
+    if family == "emu3":
+        from .emu3 import DEFAULT_IMAGE_AREA
+
+        area = config.get("image_area", DEFAULT_IMAGE_AREA)
+        return family, (sizes.EMU3_RESOLUTIONS if area == 720 * 720 else None)
+    return family, sizes.family_resolutions().get(family)

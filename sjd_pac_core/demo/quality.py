@@ -177,14 +177,22 @@ def _unit_area(shape: str) -> float:
     return float((shape_mask(shape, 32.0, 32.0, 14.0) >= 0.5).sum()) / 14.0**2
 
 
+@lru_cache(maxsize=4096)
+def _centred_template(shape: str, radius: float) -> Tuple[np.ndarray, Tuple[float, float]]:
+    mask = shape_mask(shape, IMAGE_SIZE / 2, IMAGE_SIZE / 2, radius) >= 0.5
+    return mask, centroid(mask) if mask.any() else (IMAGE_SIZE / 2, IMAGE_SIZE / 2)
+
+
 def _template(shape: str, region_centroid: Tuple[float, float], radius: float) -> np.ndarray:
-    """The generator's shape at ``radius``, shifted so its centroid is the region's."""
-    cx, cy = region_centroid
-    first = shape_mask(shape, cx, cy, radius) >= 0.5
-    if not first.any():
-        return first
-    tx, ty = centroid(first)
-    return shape_mask(shape, cx + (cx - tx), cy + (cy - ty), radius) >= 0.5
+    """The generator's shape at ``radius`` (to a quarter pixel), moved by whole pixels so its
+    centroid is nearest the region's. Cached: one render per shape and radius."""
+    mask, (tx, ty) = _centred_template(shape, round(radius * 4) / 4)
+    dx, dy = int(round(region_centroid[0] - tx)), int(round(region_centroid[1] - ty))
+    out = np.zeros_like(mask)
+    h, w = mask.shape
+    out[max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)] = mask[max(-dy, 0) : h - max(dy, 0),
+                                                                        max(-dx, 0) : w - max(dx, 0)]
+    return out
 
 
 def equivalent_radius(shape: str, pixels: int) -> float:

@@ -12,6 +12,7 @@ import torch
 import sjd_pac_core as sp
 from sjd_pac_core import ConfigError, Progress, SamplerConfig
 from sjd_pac_core.config import MAX_TREE_NODES, MAX_WINDOW, METHODS, VERIFY_RULES, max_tree_depth, tree_node_count
+from sjd_pac_core.demo import EXAMPLE_PROMPT
 from sjd_pac_core.models.sizes import known_resolutions
 from sjd_pac_core.settings import config_from_settings, pointless_setting_warnings, run_record
 from sjd_pac_core.threads import threads_for, torch_threads
@@ -104,7 +105,7 @@ CONFIG_KNOBS = frozenset(KNOBS) - {"batch_size"}
 
 MODEL_INPUT = (AR_IMAGE_MODEL, {"tooltip": "The model from Load AR Image Model."})
 PROMPT_INPUT = ("STRING", {
-    "multiline": True, "default": "a red circle on a blue background",
+    "multiline": True, "default": EXAMPLE_PROMPT,
     "tooltip": "What to draw. The demo model knows 32 words: colours, shapes (circle, square, triangle, "
                "star, diamond, ring), small/large, positions (top, bottom, left, right, center) and "
                "'on a ... background'.",

@@ -21,6 +21,7 @@ import gradio as gr
 
 import sjd_pac_core as sp
 from sjd_pac_core.config import MAX_TREE_NODES, SamplerConfig, max_tree_depth, tree_node_count
+from sjd_pac_core.demo import EXAMPLE_PROMPT
 
 from . import plots
 from .runner import (
@@ -734,7 +735,7 @@ class SjdPacApp:
             model_info = gr.HTML(model_info_html(model, self.startup_error), elem_id="device-info")
 
             prompt = gr.Textbox(label="Prompt", lines=2, elem_id="prompt",
-                                value="a red circle on a blue background" if model is not None
+                                value=EXAMPLE_PROMPT if model is not None
                                 and model.family == "demo" else "")
             words = gr.Markdown(words_md(model), visible=bool(prompt_words(model)), elem_id="prompt-words",
                                 elem_classes=["hint"])

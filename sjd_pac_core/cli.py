@@ -18,6 +18,7 @@ from typing import List, Optional
 
 # Only light modules at import time: config and settings import neither torch nor transformers.
 from .config import ConfigError
+from .demo import EXAMPLE_PROMPT
 from .images import MAX_UPSCALE, UPSCALE_FILTERS
 from .settings import config_from_settings, resolve_seed, window_value
 
@@ -137,7 +138,7 @@ def _config_from_args(args, defaults=None):
 def validate_generate_args(args: argparse.Namespace) -> None:
     """Every check `generate` can make without torch or the model; raises ConfigError/ArgumentError."""
     if not args.prompt.strip():
-        raise ArgumentError("The prompt is empty; say what to draw, e.g. \"a red circle on a blue background\".")
+        raise ArgumentError(f"The prompt is empty; say what to draw, e.g. \"{EXAMPLE_PROMPT}\".")
     _config_from_args(args)  # window, D/K budget, temperature, top-k/p, CFG (family defaults come later)
     args.seed = resolve_seed(args.seed)
     check_device(args.device)

@@ -1,4 +1,4 @@
-"""The bundled demo text-to-image model: procedural data, a VQ tokenizer and a small Llama.
+"""The bundled demo text-to-image model: procedural data, a VQ tokenizer and a small GPT-2.
 
     from sjd_pac_core.demo.model import load_demo
     demo = load_demo()   # LM + VQ + vocabulary from sjd_pac_core/demo/weights/
@@ -6,3 +6,7 @@
 Rebuild from scratch with ``python -m sjd_pac_core.demo.train``; measure how a speculative
 sampler sees it with ``python -m sjd_pac_core.demo.calibrate``.
 """
+
+# The prompt the README, the app, the ComfyUI nodes and the demo workflows start with: chosen with
+# the strict check (`python -m sjd_pac_core.demo.quality --prompts ...`) on held-out seeds.
+EXAMPLE_PROMPT = "a red circle top left on a blue background"

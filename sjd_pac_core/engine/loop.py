@@ -247,7 +247,8 @@ class _Decoder:
         outcome = walk(layout, decisions, len(window), has_bonus=verdict.bonus.numel() > 0)
         n = state.num_committed
         self._commit(state, plan, verdict, outcome)
-        self.window_policy.observe(outcome.accepted, censored=not outcome.rejected, window=len(window))
+        self.window_policy.observe(outcome.accepted, censored=not outcome.rejected, window=len(window),
+                                   tree_levels=layout.levels)
         if not state.done:
             target = self._window_target(state.num_committed)
             self.rule.prepare(state.num_committed)

@@ -82,8 +82,8 @@ def test_drafting_variants_match_the_exact_joint(tiny, name):
 def test_config_picks_the_drafter_and_its_tree_shape():
     every = drafters.make_drafter(sp.SamplerConfig())  # the defaults: every pass, 8 then K
     assert isinstance(every, drafters.EveryPassTreeDrafter)
-    assert every.widths == (8, 4) and every.max_side_nodes == 7 + 31
-    after = drafters.make_drafter(sp.SamplerConfig(tree_every_pass=False, tree_first_width=None))
+    assert every.widths == (8, 4) and every.max_side_nodes == 7 + 31 + 10 * 16  # side chains of 16
+    after = drafters.make_drafter(sp.SamplerConfig(tree_every_pass=False, tree_first_width=None, tree_side_chain=0))
     assert type(after) is drafters.PACDrafter and after.max_side_nodes == 3 + 15
     with pytest.raises(sp.ConfigError, match="tree_first_width"):
         sp.SamplerConfig(tree_first_width=0)
@@ -222,5 +222,5 @@ def test_side_chain_layout_and_config():
     assert drafter.max_side_nodes == 38 + 10 * 4 == sp.SamplerConfig(tree_side_chain=4).tree_side_nodes
     with pytest.raises(sp.ConfigError, match="tree_side_chain"):
         sp.SamplerConfig(tree_side_chain=-1)
-    with pytest.raises(sp.ConfigError, match="tree_side_chain"):
-        sp.SamplerConfig(tree_side_chain=30)  # 40 + 300 nodes: above the per-pass budget
+    assert sp.SamplerConfig(tree_side_chain=30).side_chain_len == 25  # cut to 256 side-chain nodes
+    assert sp.SamplerConfig(tree_depth=2, tree_first_width=256).tree_side_nodes == 255 + 255  # 1 each

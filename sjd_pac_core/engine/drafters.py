@@ -249,5 +249,5 @@ def make_drafter(config: SamplerConfig) -> Drafter:
     if config.use_ac or config.use_pd:
         kind = EveryPassTreeDrafter if config.tree_every_pass else PACDrafter
         return kind(config.use_ac, config.use_pd, config.tree_depth, config.tree_width, config.tree_widths,
-                    config.tree_side_chain)
+                    config.side_chain_len)
     return SJDDrafter()

@@ -18,13 +18,14 @@ VERIFY_RULES = ("rejection", "gumbel")
 INIT_PROPOSALS = ("nearest", "uniform")
 
 
-def tree_side_nodes(widths: Sequence[int]) -> int:
-    """Nodes a full tree with these level widths adds beyond the main branch."""
+def tree_side_nodes(widths: Sequence[int], side_chain: int = 0) -> int:
+    """Nodes a full tree with these level widths adds beyond the main branch, with side chains
+    of `side_chain` drafts on its one-deviation leaves (sum of (width - 1) of them)."""
     total, size = 0, 1
     for width in widths:
         size *= width
         total += size - 1
-    return total
+    return total + side_chain * sum(width - 1 for width in widths)
 
 
 class ConfigError(ValueError):
@@ -83,6 +84,11 @@ class SamplerConfig:
     tree_first_width: candidates at the tree's first level (None: K at every level). The
         defaults (every pass, 8 then K=4) gave the highest step compression on the demo model
         (docs/benchmark.md, "Drafting: where passes lose tokens, and what helped").
+    tree_side_chain: also hang the first this-many drafts of the continued chain off every tree
+        leaf that leaves the main branch at exactly one level, so a pass won by such a side leaf
+        runs on into the chain (0: the chain hangs off the main branch only, and a side-branch win
+        ends the pass after the tree). Cut so the side chains add at most MAX_TREE_NODES nodes
+        (`side_chain_len`); the default tree with 16 adds 160 nodes per pass.
     adaptive_continuation, proactive_drafting: switch AC and PD separately (sjd_pac only), so
         the paper's ablation SJD / +PD / +AC / +PD+AC is one flag each.
     verify: "rejection" (speculative rejection sampling, exact in distribution) or "gumbel"
@@ -101,6 +107,7 @@ class SamplerConfig:
     tree_width: int = 4
     tree_every_pass: bool = True
     tree_first_width: Optional[int] = 8
+    tree_side_chain: int = 16
     adaptive_continuation: bool = True
     proactive_drafting: bool = True
     verify: VerifyRule = "rejection"
@@ -158,6 +165,11 @@ class SamplerConfig:
                 f"tree_first_width must be None or an integer >= 1, got {self.tree_first_width!r}; "
                 "None uses tree_width (K) at every level."
             )
+        if not isinstance(self.tree_side_chain, int) or self.tree_side_chain < 0:
+            raise ConfigError(
+                f"tree_side_chain must be an integer >= 0, got {self.tree_side_chain!r}; 0 hangs the "
+                "chain off the main branch only."
+            )
         if self.window != "auto" and self.window > MAX_WINDOW:
             raise ConfigError(
                 f"window (L) = {self.window} is above the limit of {MAX_WINDOW} drafts per pass; use 32, 64 or 'auto'."
@@ -203,11 +215,19 @@ class SamplerConfig:
         return (first,) + (self.tree_width,) * (self.tree_depth - 2)
 
     @property
+    def side_chain_len(self) -> int:
+        """The side chains' length: tree_side_chain, cut so they add at most MAX_TREE_NODES nodes."""
+        leaves = sum(w - 1 for w in self.tree_widths)
+        if not self.use_pd or leaves == 0:
+            return 0
+        return min(self.tree_side_chain, MAX_TREE_NODES // leaves)
+
+    @property
     def tree_side_nodes(self) -> int:
         """Nodes a full PD tree adds beyond the main branch."""
         if not self.use_pd:
             return 0
-        return tree_side_nodes(self.tree_widths)
+        return tree_side_nodes(self.tree_widths, self.side_chain_len)
 
     @property
     def use_ac(self) -> bool:

@@ -85,6 +85,7 @@ def config_from_settings(
     window: object = None,
     tree_depth: object = None,
     tree_width: object = None,
+    tree_side_chain: object = None,
     verify: Optional[str] = None,
     cfg_scale: object = None,
     temperature: object = None,
@@ -109,6 +110,8 @@ def config_from_settings(
         values["tree_depth"] = whole_number(tree_depth, "tree depth (D)", "3")
     if not _empty(tree_width):
         values["tree_width"] = whole_number(tree_width, "tree width (K)", "4")
+    if not _empty(tree_side_chain):
+        values["tree_side_chain"] = whole_number(tree_side_chain, "side chain length", "16 (0 = off)")
     if not _empty(cfg_scale):
         values["cfg_scale"] = real_number(cfg_scale, "CFG scale", "2 (1 = off)")
     if not _empty(temperature):

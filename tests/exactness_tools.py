@@ -275,6 +275,117 @@ class MarkovModel(TokenModel):
         return MarkovSession([self.chains_by_prompt[tuple(p.tolist())] for p in prompts])
 
 
+class SecondOrderChain:
+    """Image tokens whose law depends on the previous two: the logits for x_t given
+    (x_t-2, x_t-1) are parent * profile rolled to x_t-1 + 1 plus grand * profile rolled to
+    x_t-2 + 1 (plus position noise); x_-1 is a start symbol V. A node's p then depends on its
+    grandparent's token, which a first-order chain cannot show: the test model for side chains,
+    whose drafts follow a side leaf, so the same draft has one grandparent on the main chain
+    and another on the side chain."""
+
+    def __init__(self, vocab: int, num_tokens: int, profile: Sequence[float], noise: float = 0.3,
+                 seed: int = 0, parent: float = 0.5, grand: float = 1.0) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        base = torch.full((vocab,), -4.0)
+        base[: len(profile)] = torch.tensor(profile, dtype=torch.float32)
+        rolled = torch.stack([base.roll(k + 1) for k in range(vocab + 1)])  # [V + 1, V]: mode at k + 1
+        # logits[t, a2, a1]: a2 in 0..V (V = the start symbol), a1 in 0..V-1
+        rows = parent * rolled[:vocab].unsqueeze(0) + grand * rolled.unsqueeze(1)
+        self.logits = rows.unsqueeze(0) + noise * torch.randn(num_tokens, vocab + 1, vocab, vocab, generator=gen)
+        self.first = noise * torch.randn(vocab, generator=gen)
+        self.vocab_size, self.num_tokens = vocab, num_tokens
+
+    def joint(self, config: sp.SamplerConfig) -> torch.Tensor:
+        """The exact joint P(x_0 .. x_N-1) after the sampler's recipe, as a tensor [V] * N."""
+        recipe = SamplingRecipe(config.cfg_scale, config.temperature, config.top_k, config.top_p)
+        v, n = self.vocab_size, self.num_tokens
+        constraints = TokenConstraints(v, n)
+
+        def proc(logits, t):
+            return process(logits.unsqueeze(0), torch.full((logits.shape[0],), t), recipe, constraints).double()
+
+        joint = proc(self.first.unsqueeze(0), 0)[0]
+        if n > 1:
+            joint = joint.unsqueeze(-1) * proc(self.logits[1, v], 1)
+        for t in range(2, n):  # N - 2 steps: multiply in p(x_t | x_t-2, x_t-1)
+            cond = proc(self.logits[t, :v].reshape(v * v, v), t).view(v, v, v)
+            joint = joint.unsqueeze(-1) * cond.view((1,) * (t - 2) + (v, v, v))
+        return joint
+
+
+class SecondOrderSession(DecoderSession):
+    """Serves a SecondOrderChain: a node's logits need its own token and its parent's (the
+    last kept token for the root); the cache holds the kept tokens themselves."""
+
+    def __init__(self, chain: SecondOrderChain) -> None:
+        self.chain = chain
+        self.kept: List[int] = []
+        self.nodes: List[List[int]] = []
+
+    def prefill(self) -> torch.Tensor:
+        return self.chain.first.unsqueeze(0).clone()
+
+    def forward(self, tokens, depths, attend):
+        toks, rows = tokens.tolist(), attend.tolist()
+        v, n = self.chain.vocab_size, self.chain.num_tokens
+        self.nodes = [[toks[j] for j in range(len(toks)) if row[j]] for row in rows]  # parents precede children
+        out = []
+        for path in self.nodes:
+            seq = self.kept + path
+            t = len(seq)
+            if t >= n:  # beyond the image (the auto window's probe): never read
+                out.append(torch.zeros(v))
+                continue
+            a2 = seq[-2] if len(seq) >= 2 else v
+            out.append(self.chain.logits[t, a2, seq[-1]])
+        return torch.stack(out).unsqueeze(0)
+
+    def keep(self, nodes):
+        if nodes:
+            self.kept = self.kept + self.nodes[nodes[-1]]
+        self.nodes = []
+
+    def close(self):
+        self.kept = []
+
+
+class SecondOrderModel(TokenModel):
+    def __init__(self, chain: SecondOrderChain) -> None:
+        self.chain = chain
+        self.vocab_size = chain.vocab_size
+
+    @property
+    def device(self):
+        return torch.device("cpu")
+
+    def open_session(self, prompts):
+        return SecondOrderSession(self.chain)
+
+
+def all_pairs_pvalue(tokens: torch.Tensor, joint: torch.Tensor) -> Tuple[float, str]:
+    """Chi-square of every pair of positions' joint table (x_s, x_t), s < t, against the exact
+    joint's marginal; Bonferroni over the pairs. Pairs at a distance show what adjacent pairs
+    miss in a second-order chain (a token committed against its grandparent's wrong p)."""
+    n_samples, n = tokens.shape
+    v = joint.shape[0]
+    pairs = list(itertools.combinations(range(n), 2))
+    worst, worst_name = 1.0, ""
+    for s, t in pairs:
+        exact = joint.sum(dim=[d for d in range(n) if d not in (s, t)]).reshape(-1)
+        observed = torch.bincount(tokens[:, s] * v + tokens[:, t], minlength=v * v).double()
+        assert bool((observed[exact == 0] == 0).all()), f"pair ({s}, {t}): sampled an impossible pair"
+        expected = exact * n_samples
+        big = expected >= 5
+        obs = torch.cat([observed[big], observed[~big].sum().reshape(1)])
+        exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
+        keep = exp > 0
+        obs, exp = obs[keep], exp[keep]
+        p_value = float(scipy_stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+        if p_value < worst:
+            worst, worst_name = p_value, f"pair ({s}, {t})"
+    return min(1.0, worst * len(pairs)), worst_name
+
+
 def draw_sequences(model, prompt, num_tokens, config, samples, uncond=None, allowed=None, seed0=0,
                    passes: Optional[List] = None) -> torch.Tensor:
     """samples x num_tokens sampled tokens (long); the runs' pass records go to `passes`."""
@@ -366,6 +477,25 @@ def _always_window_1(original):
     return faulty
 
 
+def _side_chain_main_context(original):
+    def faulty(widths, chain_len, side_leaves=(), side_len=0):
+        # Option (b)'s trap: after a side leaf wins, its chain drafts are verified against the p
+        # the main chain computed for them (the context they hang off in the main branch), not
+        # against a chain fed behind the side leaf. The path then runs through main-chain nodes.
+        import dataclasses
+
+        layout = original(widths, chain_len, side_leaves, side_len)
+        if not layout.side_leaves:
+            return layout
+        main_chain = layout.main_nodes[layout.levels + 1 :]
+        nodes = list(layout.row_nodes)
+        for first, count in layout.leaf_rows:
+            for r in range(1, count):
+                nodes[first + r] = main_chain[r - 1]
+        return dataclasses.replace(layout, row_nodes=tuple(nodes))
+    return faulty
+
+
 FAULTS = {
     # name: (module, attribute ("Class.method" for a method), wrapper(original) -> faulty)
     "pd_tempered_siblings": ("sjd_pac_core.sampling.rules", "sample_without_replacement", _tempered_siblings),
@@ -373,6 +503,7 @@ FAULTS = {
     "cfg_positions_ignore_padding": ("sjd_pac_core.sampling.tree", "tree_position_ids", _positions_ignore_padding),
     "padding_columns_unmasked": ("sjd_pac_core.sampling.tree", "tree_attention_mask", _padding_unmasked),
     "auto_window_always_1": ("sjd_pac_core.engine.window", "AutoWindow.next_window", _always_window_1),
+    "side_chain_main_context": ("sjd_pac_core.sampling.tree", "build_tree_layout", _side_chain_main_context),
 }
 
 

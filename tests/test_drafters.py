@@ -11,7 +11,19 @@ import pytest
 import torch
 
 import sjd_pac_core as sp
-from exactness_tools import TableModel, compare, conditional_logits, draw_samples, exact_joint, tiny_causal_lm
+from exactness_tools import (
+    SecondOrderChain,
+    SecondOrderModel,
+    TableModel,
+    all_pairs_pvalue,
+    compare,
+    conditional_logits,
+    draw_samples,
+    draw_sequences,
+    exact_joint,
+    planted_fault,
+    tiny_causal_lm,
+)
 from sjd_pac_core.engine import drafters
 
 V, N = 3, 5
@@ -76,8 +88,8 @@ def test_drafting_variants_match_the_exact_joint(tiny, name):
 def test_config_picks_the_drafter_and_its_tree_shape():
     every = drafters.make_drafter(sp.SamplerConfig())  # the defaults: every pass, 8 then K
     assert isinstance(every, drafters.EveryPassTreeDrafter)
-    assert every.widths == (8, 4) and every.max_side_nodes == 7 + 31
-    after = drafters.make_drafter(sp.SamplerConfig(tree_every_pass=False, tree_first_width=None))
+    assert every.widths == (8, 4) and every.max_side_nodes == 7 + 31 + 10 * 16  # side chains of 16
+    after = drafters.make_drafter(sp.SamplerConfig(tree_every_pass=False, tree_first_width=None, tree_side_chain=0))
     assert type(after) is drafters.PACDrafter and after.max_side_nodes == 3 + 15
     with pytest.raises(sp.ConfigError, match="tree_first_width"):
         sp.SamplerConfig(tree_first_width=0)
@@ -128,3 +140,93 @@ def test_drafting_benchmark_classifies_where_a_pass_stopped():
     assert tally.where == {"tree": 1, "continued": 1, "side end": 1, "none": 1}
     assert tally.step_compression == 9 / 5 and tally.side_branch == 1
     assert "1.80x" in table({"pac | rejection": tally})
+
+
+# --- side chains (tree_side_chain): the continued chain also hung off side leaves --------------
+#
+# A side chain's drafts are verified against the p of nodes fed behind the side leaf, so a draft
+# there has a different grandparent than the same draft on the main chain. A first-order Markov
+# chain cannot tell the two apart; this chain's token follows its grandparent (x_t-2 + 1, then
+# + 2, ... ; no pull from the parent), so a side win at the tree's second level changes what the
+# draft two places on should be, while the draft right after it (whose law does not depend on
+# the side candidate) is usually accepted and the side chain is entered. Every pair of
+# positions' joint table is tested (chi-square, Bonferroni over the 28 pairs).
+
+SIDE_V, SIDE_N = 4, 8
+SIDE_PROFILE = (2.0, 1.0, 0.0, -1.0)
+SIDE_CONFIG = sp.SamplerConfig(window=7, tree_depth=3, tree_width=3, tree_first_width=3, tree_side_chain=4)
+SIDE_CHAIN_USE_MIN = 0.12  # tree passes that verified a draft on a side chain's own nodes
+SIDE_SAMPLES = 800
+SIDE_P_PLANTED_MAX = 1e-6
+
+
+def side_chain_model():
+    return SecondOrderModel(SecondOrderChain(SIDE_V, SIDE_N, SIDE_PROFILE, seed=0, parent=0.0, grand=1.0))
+
+
+def side_chain_use(records) -> float:
+    """Share of tree passes whose path took a side leaf and went on past its first chain draft
+    (so at least one draft was checked against a side-chain node's p)."""
+    tree = [r for r in records if r.tree_nodes > 0]
+    used = [r for r in tree if any(r.branch) and r.committed > len(r.branch) + 1]
+    return len(used) / max(1, len(tree))
+
+
+def side_check(config, samples, seed0=0):
+    model = side_chain_model()
+    passes: list = []
+    tokens = draw_sequences(model, torch.tensor([0]), SIDE_N, config, samples, seed0=seed0, passes=passes)
+    p_value, worst = all_pairs_pvalue(tokens, model.chain.joint(config))
+    return p_value, worst, side_chain_use(passes)
+
+
+def test_side_chains_match_the_exact_pair_marginals():
+    p_value, worst, use = side_check(SIDE_CONFIG, SIDE_SAMPLES)
+    assert use >= SIDE_CHAIN_USE_MIN, f"side chains were entered in only {use:.0%} of tree passes"
+    assert p_value > P_VALUE_MIN, f"side chains: p = {p_value:.2e} at {worst} (side-chain use {use:.0%})"
+
+
+def test_planted_side_chain_verified_in_the_main_context_is_caught():
+    # Option (b)'s trap: the chain's drafts after a side win checked against the main chain's p.
+    with planted_fault("side_chain_main_context") as calls:
+        p_value, worst, use = side_check(SIDE_CONFIG, SIDE_SAMPLES, seed0=10**6)
+    assert calls.count > 0 and use >= SIDE_CHAIN_USE_MIN
+    assert p_value < SIDE_P_PLANTED_MAX, f"planted side-chain fault went unnoticed: p = {p_value:.2e} at {worst}"
+
+
+def test_side_chains_keep_the_ar_tokens_and_the_planted_fault_does_not():
+    model = side_chain_model()
+    gumbel = SIDE_CONFIG.with_(verify="gumbel")
+
+    def mismatches(seeds):
+        bad, passes = 0, []
+        for seed in seeds:
+            ar = sp.sample_tokens(model, torch.tensor([0]), SIDE_N, config=gumbel.with_(method="ar"), seed=seed)
+            out = sp.sample_tokens(model, torch.tensor([0]), SIDE_N, config=gumbel, seed=seed)
+            bad += not torch.equal(ar.tokens, out.tokens)
+            passes += out.stats.records[1:]
+        return bad, side_chain_use(passes)
+
+    bad, use = mismatches(range(60))
+    assert bad == 0 and use >= SIDE_CHAIN_USE_MIN, (bad, use)
+    with planted_fault("side_chain_main_context"):
+        bad, _ = mismatches(range(60))
+    assert bad >= 3, f"the planted fault changed the tokens of only {bad} of 60 seeds"
+
+
+def test_side_chain_layout_and_config():
+    from sjd_pac_core.sampling.tree import build_tree_layout, one_deviation_leaves
+
+    assert one_deviation_leaves((8, 4)) == (1, 2, 3, 4, 8, 12, 16, 20, 24, 28)
+    layout = build_tree_layout((2, 2), 3, side_leaves=(1, 2), side_len=2)
+    # root, 2 + 4 tree nodes, main chain 7..9, side chains 10-11 (off leaf 1 = node 4), 12-13 (leaf 2 = node 5)
+    assert layout.num_nodes == 14 and layout.side_nodes(1) == (10, 11) and layout.side_nodes(0) == ()
+    assert layout.parents.tolist()[10:] == [4, 10, 5, 12] and layout.depths.tolist()[10:] == [3, 4, 3, 4]
+    assert layout.leaf_rows == ((0, 1), (1, 3), (4, 3), (7, 1))
+    assert layout.ancestors_path(11) == [1, 4, 10, 11]
+    drafter = drafters.make_drafter(sp.SamplerConfig(tree_side_chain=4))
+    assert drafter.max_side_nodes == 38 + 10 * 4 == sp.SamplerConfig(tree_side_chain=4).tree_side_nodes
+    with pytest.raises(sp.ConfigError, match="tree_side_chain"):
+        sp.SamplerConfig(tree_side_chain=-1)
+    assert sp.SamplerConfig(tree_side_chain=30).side_chain_len == 25  # cut to 256 side-chain nodes
+    assert sp.SamplerConfig(tree_depth=2, tree_first_width=256).tree_side_nodes == 255 + 255  # 1 each

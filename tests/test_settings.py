@@ -62,7 +62,8 @@ def test_a_huge_tree_is_refused_at_once_with_the_largest_depth():
     # The first level's width counts: 300 candidates there alone are over the budget.
     with pytest.raises(sp.ConfigError, match=r"first level 300"):
         sp.SamplerConfig(tree_depth=2, tree_width=4, tree_first_width=300)
-    assert sp.SamplerConfig(tree_depth=2, tree_width=4, tree_first_width=256).tree_side_nodes == 255
+    assert sp.SamplerConfig(tree_depth=2, tree_width=4, tree_first_width=256, tree_side_chain=0).tree_side_nodes == 255
+    assert config_from_settings(DEMO_LIKE, tree_side_chain="4").tree_side_chain == 4
 
 
 def test_seeds():

@@ -35,6 +35,19 @@ def test_flat_cost_and_long_runs_choose_a_long_window():
     assert policy.next_window() >= 48
 
 
+def test_tree_levels_and_chain_runs_are_counted_apart():
+    policy = AutoWindow(CostCurve((1, 128), (1.0, 1.0)), decay=1.0)
+    for _ in range(50):  # the tree's two levels always pass; the chain's first draft is always wrong
+        policy.observe(2, censored=False, window=16, tree_levels=2)
+    assert abs(policy.expected_tokens(16) - 3.0) < 1e-9 and policy.next_window() == 2
+    policy = AutoWindow(CostCurve((1, 128), (1.0, 1.0)), decay=1.0)
+    policy.observe(1, censored=False, window=16, tree_levels=2)  # once through the first level
+    for _ in range(50):  # then the tree ends every pass at its first level: the chain is never reached
+        policy.observe(0, censored=False, window=16, tree_levels=2)
+    assert not policy.chain.at_risk and policy.tree.hazards()(0) == 50 / 51
+    assert policy.next_window() == 1  # the chain adds nothing: flat costs do not buy a longer window
+
+
 def test_steep_cost_and_short_runs_choose_a_short_window():
     policy = AutoWindow(CostCurve((1, 2, 128), (1.0, 1.2, 60.0)))
     for _ in range(20):
@@ -113,10 +126,10 @@ def _never_right_chain(num_tokens: int) -> MarkovChain:
 
 def sampled_windows(chain: MarkovChain, seed: int = 0) -> list:
     model = MarkovModel({(0,): chain})
-    # The paper's PD (a tree only after a rejection): the policy's own test. With the default tree
-    # at every pass the window did not drain on the never-right chain (open, see the issue note).
-    config = sp.SamplerConfig(method="sjd_pac", window="auto", tree_width=2, tree_every_pass=False,
-                              tree_first_width=None)
+    # The default tree at every pass (K = 2 fits the 4-token vocabulary): the policy counts the
+    # tree's levels and the chain's own run separately, so a chain whose drafts are always wrong
+    # drains the window even though the tree ends every pass.
+    config = sp.SamplerConfig(method="sjd_pac", window="auto", tree_width=2)
     out = sp.sample_tokens(model, torch.tensor([0]), chain.num_tokens, config=config, seed=seed)
     remaining = [chain.num_tokens - r.total_committed for r in out.stats.records]
     # the window of each pass that had more than one token left to fill (the end caps L)

@@ -30,16 +30,21 @@ from ..generate import generate_image
 from .runner import load_prompts
 
 # name -> SamplerConfig changes on top of the model's defaults (method sjd_pac, window L).
-PAPER_PD = dict(tree_every_pass=False, tree_first_width=None)  # the paper's tree: after a rejection
+NO_SIDE = dict(tree_side_chain=0)  # the chain hangs off the main branch only
+PAPER_PD = dict(tree_every_pass=False, tree_first_width=None, **NO_SIDE)  # the paper's tree: after a rejection
 VARIANTS: Dict[str, dict] = {
     "sjd": dict(method="sjd"),
     "pac (tree after a rejection)": dict(PAPER_PD),
-    "pac, tree every pass": dict(tree_every_pass=True, tree_first_width=None),
-    "pac, every pass, first level 8": dict(tree_every_pass=True, tree_first_width=8),
-    "pac, every pass, first level 8, D=2": dict(tree_every_pass=True, tree_depth=2, tree_first_width=8),
-    "pac, every pass, first level 16, D=2": dict(tree_every_pass=True, tree_depth=2, tree_first_width=16),
-    "pac, every pass, first level 16, K=2": dict(tree_every_pass=True, tree_width=2, tree_first_width=16),
-    "pac, every pass, D=4 K=3": dict(tree_every_pass=True, tree_depth=4, tree_width=3, tree_first_width=None),
+    "pac, tree every pass": dict(tree_every_pass=True, tree_first_width=None, **NO_SIDE),
+    "pac, every pass, first level 8": dict(tree_every_pass=True, tree_first_width=8, **NO_SIDE),
+    "pac, every pass, first level 8, D=2": dict(tree_every_pass=True, tree_depth=2, tree_first_width=8, **NO_SIDE),
+    "pac, every pass, first level 16, D=2": dict(tree_every_pass=True, tree_depth=2, tree_first_width=16, **NO_SIDE),
+    "pac, every pass, first level 16, K=2": dict(tree_every_pass=True, tree_width=2, tree_first_width=16, **NO_SIDE),
+    "pac, every pass, D=4 K=3": dict(tree_every_pass=True, tree_depth=4, tree_width=3, tree_first_width=None, **NO_SIDE),
+    "pac, every pass, first level 8, side chains 8": dict(tree_every_pass=True, tree_first_width=8, tree_side_chain=8),
+    "pac, every pass, first level 8, side chains 16": dict(tree_every_pass=True, tree_first_width=8, tree_side_chain=16),
+    "pac, every pass, first level 8, K=2, side chains 16": dict(tree_every_pass=True, tree_width=2, tree_first_width=8,
+                                                                tree_side_chain=16),
 }
 WHERE = ("tree", "continued", "new", "side end", "none")
 

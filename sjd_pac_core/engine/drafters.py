@@ -17,7 +17,7 @@ The exactness contract every drafter keeps (spec sections 2-4):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -25,8 +25,9 @@ import torch
 from ..config import SamplerConfig, tree_side_nodes
 from ..sampling.drafting import adaptive_continuation, initial_proposals
 from ..sampling.recipe import SamplingRecipe
+from ..sampling.tree import one_deviation_leaves
 from .state import DraftWindow
-from .verdict import Decisions, PassOutcome, Verdict
+from .verdict import Decisions, PassOutcome, StaleRows, Verdict
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,16 @@ class TreeDraft:
     tokens), which are never accepted. Every level has width K, so the pass's shape is fixed.
     level_widths: per-level widths when they differ (a level of width w < K uses the first w
     slots of its row, the rest marked invalid); None means K at every level.
+    side_leaves, side_len: a side chain (the window's drafts levels .. levels + side_len - 1, fed
+    again) hung off each of these leaves (local indices of the last level, never 0, the main
+    branch's), so that a pass won by that side leaf runs on into the chain.
     """
 
     candidates: torch.Tensor
     valid: torch.Tensor
     level_widths: Optional[Tuple[int, ...]] = None
+    side_leaves: Tuple[int, ...] = ()
+    side_len: int = 0
 
     @property
     def levels(self) -> int:
@@ -88,6 +94,7 @@ class PassReport:
     decisions: Decisions  # host copies of the pass's decisions
     verdict: Verdict  # device: chain flags and tokens, p along the main branch
     proposal_logits: torch.Tensor  # [B, V] raw logits of the furthest main-branch node
+    stale: StaleRows  # the verdict and p of each window draft along the path the pass took
 
 
 class Drafter(ABC):
@@ -163,9 +170,9 @@ class SJDDrafter(Drafter):
 
     def continue_window(self, ctx: DraftContext, report: PassReport, rest: slice) -> Tuple[DraftWindow, int]:
         """Drafts for the verified positions after the committed ones, and how many were kept."""
-        verdict = report.verdict
-        tokens = ctx.rule.draw(verdict.p_main[rest], verdict.positions_main[rest])
-        return DraftWindow(tokens, verdict.p_main[rest]), 0
+        stale = report.stale
+        tokens = ctx.rule.draw(stale.p[rest], report.verdict.positions_main[rest])
+        return DraftWindow(tokens, stale.p[rest]), 0
 
     def next_tree(self, ctx: DraftContext, report: PassReport, window: DraftWindow) -> Optional[TreeDraft]:
         return None
@@ -185,30 +192,38 @@ class PACDrafter(SJDDrafter):
     """SJD-PAC: Adaptive Continuation keeps every old draft the stale p accepts (else its residual
     redraw), and Proactive Drafting puts a tree of K candidates on the D - 1 positions after a
     rejection. Either can be switched off (the paper's ablation). `widths` overrides the
-    per-level candidate counts (e.g. a wider first level)."""
+    per-level candidate counts (e.g. a wider first level). `side_chain` > 0 hangs that many of
+    the chain's drafts also off every leaf that leaves the main branch at exactly one level
+    (tree.one_deviation_leaves), so a side-branch win no longer ends the pass."""
 
     def __init__(self, continuation: bool, proactive: bool, depth: int, width: int,
-                 widths: Optional[Sequence[int]] = None) -> None:
+                 widths: Optional[Sequence[int]] = None, side_chain: int = 0) -> None:
         self.continuation = continuation
         self.proactive = proactive and depth > 1
         self.depth, self.width = depth, width
         self.widths = tuple(widths) if widths is not None else (width,) * max(depth - 1, 0)
+        self.side_chain = side_chain if self.proactive else 0
 
     @property
     def max_side_nodes(self) -> int:
         if not self.proactive:
             return 0
-        return tree_side_nodes(self.widths)
+        return tree_side_nodes(self.widths) + len(one_deviation_leaves(self.widths)) * self.side_chain
 
     def make_tree(self, ctx: DraftContext, window: DraftWindow, start: int) -> Optional[TreeDraft]:
-        return self.shaped_tree(ctx, window, start, self.widths)
+        tree = self.shaped_tree(ctx, window, start, self.widths)
+        if tree is None or not self.side_chain:
+            return tree
+        # The leaves of the tree as drawn (its widths may be clamped to the vocabulary or cut by
+        # a short window); the layout cuts the side chains to the drafts the window has.
+        return replace(tree, side_leaves=one_deviation_leaves(tree.widths), side_len=self.side_chain)
 
     def continue_window(self, ctx: DraftContext, report: PassReport, rest: slice) -> Tuple[DraftWindow, int]:
         if not self.continuation:
             return super().continue_window(ctx, report, rest)
-        verdict, old = report.verdict, report.draft.window
-        tokens = adaptive_continuation(old.tokens[rest], verdict.chain_accepted[rest], verdict.chain_token[rest])
-        return DraftWindow(tokens, verdict.p_main[rest]), sum(report.decisions.chain_accepted[rest])
+        stale, old = report.stale, report.draft.window
+        tokens = adaptive_continuation(old.tokens[rest], stale.accepted[rest], stale.token[rest])
+        return DraftWindow(tokens, stale.p[rest]), sum(stale.accepted_host[rest])
 
     def next_tree(self, ctx: DraftContext, report: PassReport, window: DraftWindow) -> Optional[TreeDraft]:
         if not (self.proactive and report.outcome.rejected):
@@ -233,5 +248,6 @@ def make_drafter(config: SamplerConfig) -> Drafter:
     """The drafter a configuration asks for."""
     if config.use_ac or config.use_pd:
         kind = EveryPassTreeDrafter if config.tree_every_pass else PACDrafter
-        return kind(config.use_ac, config.use_pd, config.tree_depth, config.tree_width, config.tree_widths)
+        return kind(config.use_ac, config.use_pd, config.tree_depth, config.tree_width, config.tree_widths,
+                    config.side_chain_len)
     return SJDDrafter()

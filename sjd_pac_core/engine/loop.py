@@ -35,7 +35,7 @@ from .state import DecodeState
 from .stats import PassRecord, RunStats
 from .sync import SyncCounter, copy_to_device, synchronize, to_device
 from .timing import ForwardTimer
-from .verdict import PassOutcome, Verdict, walk
+from .verdict import PassOutcome, Verdict, stale_rows, walk
 from .window import CANDIDATE_WINDOWS, PROBE_SIZES, AutoWindow, FixedWindow, measure_cost_curve
 
 
@@ -102,7 +102,8 @@ class PassShape:
 
     Nodes beyond the layout's are padding: token 0 at the root's position, seeing only
     themselves, never read. The node tokens of a pass are one gather from
-    [root, tree candidates (row-major), chain drafts, padding token] by `token_source`.
+    [root, tree candidates (row-major), chain drafts, padding token] by `token_source` (a side
+    chain's nodes gather the chain's first drafts).
     """
 
     layout: TreeLayout
@@ -112,29 +113,45 @@ class PassShape:
     token_source: torch.Tensor  # long [E]
     main: torch.Tensor  # long [m + 1]: main-branch node at each depth
     parent_level: torch.Tensor  # long [P]: the level of tree parent node i (nodes 0..P-1)
+    row_nodes: torch.Tensor  # long [R]: the node whose p verifies each leaf row
+    draft_rows: torch.Tensor  # long [R']: leaf rows that verify a chain draft
+    draft_offsets: torch.Tensor  # long [R']: their draft's offset r in the chain (window levels + r)
+    bonus_rows: torch.Tensor  # long [R'']: leaf rows past the window's last draft (a draw from p)
 
     @staticmethod
-    def build(widths: Tuple[int, ...], chain_len: int, envelope: int, device: torch.device) -> "PassShape":
-        layout = build_tree_layout(widths, chain_len)
+    def build(widths: Tuple[int, ...], chain_len: int, envelope: int, device: torch.device,
+              side_leaves: Tuple[int, ...] = (), side_len: int = 0) -> "PassShape":
+        layout = build_tree_layout(widths, chain_len, side_leaves, side_len)
         s, levels = layout.num_nodes, layout.levels
         width = max(widths) if widths else 1
         pad = envelope - s
-        num_tree = s - chain_len
+        side = layout.side_chain_nodes
+        num_tree = s - chain_len - side
+        chain_source = 1 + levels * width
+        side_source = [chain_source + r for _ in layout.side_leaves for r in range(layout.side_len)]
         source = torch.cat([
             torch.zeros(1, dtype=torch.long),
             1 + (layout.depths[1:num_tree] - 1) * width + layout.candidate_index[1:num_tree],
-            1 + levels * width + torch.arange(chain_len),
-            torch.full((pad,), 1 + levels * width + chain_len, dtype=torch.long),
+            chain_source + torch.arange(chain_len),
+            torch.tensor(side_source, dtype=torch.long),
+            torch.full((pad,), chain_source + chain_len, dtype=torch.long),
         ])
         attend = torch.eye(envelope, dtype=torch.bool)
         attend[:s, :s] = layout.attend
         depths = torch.cat([layout.depths, torch.zeros(pad, dtype=torch.long)])
         parents = layout.level_offsets[levels] if levels else 0
+        offsets = layout.row_offsets
+        draft_rows = [i for i, r in enumerate(offsets) if r < chain_len]
+        bonus_rows = [i for i, r in enumerate(offsets) if r >= chain_len]
         return PassShape(
             layout=layout, envelope=envelope, depths=copy_to_device(depths, device),
             attend=copy_to_device(attend, device), token_source=copy_to_device(source, device),
             main=copy_to_device(layout.main_path, device),
             parent_level=copy_to_device(layout.depths[:parents], device),
+            row_nodes=copy_to_device(torch.tensor(layout.row_nodes, dtype=torch.long), device),
+            draft_rows=copy_to_device(torch.tensor(draft_rows, dtype=torch.long), device),
+            draft_offsets=copy_to_device(torch.tensor([offsets[i] for i in draft_rows], dtype=torch.long), device),
+            bonus_rows=copy_to_device(torch.tensor(bonus_rows, dtype=torch.long), device),
         )
 
 
@@ -227,17 +244,18 @@ class _Decoder:
         verdict = self._verify(state, plan, logits)
         decisions = verdict.decisions()  # the pass's one host sync
         window, layout = plan.draft.window, plan.shape.layout
-        outcome = walk(layout, decisions, len(window), has_bonus=verdict.bonus.numel() > 0,
-                       has_leaf=verdict.leaf_token.numel() > 0)
+        outcome = walk(layout, decisions, len(window), has_bonus=verdict.bonus.numel() > 0)
         n = state.num_committed
         self._commit(state, plan, verdict, outcome)
-        self.window_policy.observe(outcome.accepted, censored=not outcome.rejected, window=len(window))
+        self.window_policy.observe(outcome.accepted, censored=not outcome.rejected, window=len(window),
+                                   tree_levels=layout.levels)
         if not state.done:
             target = self._window_target(state.num_committed)
             self.rule.prepare(state.num_committed)
             report = PassReport(start=n, num_committed=state.num_committed, target=target, draft=plan.draft,
                                 outcome=outcome, decisions=decisions, verdict=verdict,
-                                proposal_logits=logits[:, layout.main_nodes[-1]])
+                                proposal_logits=logits[:, layout.main_nodes[-1]],
+                                stale=stale_rows(layout, verdict, decisions, outcome, len(window)))
             state.draft, state.target = self.drafter.next(self.ctx, report), target
         self._record(state, stats, callback, start, syncs, committed=state.num_committed - n,
                      window=len(window), tree_nodes=layout.num_nodes - 1 - len(window),
@@ -267,12 +285,14 @@ class _Decoder:
         widths = tree.widths if tree is not None else ()
         levels = len(widths)
         side = self.drafter.max_side_nodes if tree is not None else 0
+        side_leaves, side_len = (tree.side_leaves, tree.side_len) if tree is not None else ((), 0)
         # The policy's window, not the positions left: the shape stays fixed up to the image's end.
         envelope = 1 + max(self.window_policy.next_window(), len(window)) + side
-        key = (widths, len(window) - levels, envelope)
+        key = (widths, len(window) - levels, envelope, side_leaves, side_len)
         shape = self.shapes.get(key)
         if shape is None:  # a handful of shapes per run (chain / tree passes, the image's end)
-            shape = self.shapes[key] = PassShape.build(widths, len(window) - levels, envelope, self.device)
+            shape = self.shapes[key] = PassShape.build(widths, len(window) - levels, envelope, self.device,
+                                                       side_leaves, side_len)
         parts = [state.root_token]
         if tree is not None:
             parts.append(tree.candidates.reshape(-1))
@@ -303,7 +323,7 @@ class _Decoder:
         bonus = self.rule.draw(p_main[m:], pos_main[m:]) if n + m < self.num_tokens else none
 
         first_child = fallback = leaf_token = none
-        leaf_accepted = none.bool()
+        leaf_accepted, p_rows = none.bool(), None
         if levels:
             lvl = plan.shape.parent_level
             parents = int(lvl.shape[0])
@@ -311,18 +331,25 @@ class _Decoder:
                 probs[:parents], window.q.index_select(0, lvl), tree.candidates.index_select(0, lvl),
                 tree.valid.index_select(0, lvl), (n + lvl).clamp(max=last),
             )
-            leaves = s - layout.chain_len - parents
-            p_leaf = probs[parents : parents + leaves]
-            pos_leaf = self.positions[min(n + levels, last) :][:1].expand(leaves)
-            if m > levels:  # the chain's first draft, checked against each leaf's own p
-                q = window.q[levels : levels + 1].expand(leaves, -1)
-                leaf_accepted, leaf_token = self.rule.chain(p_leaf, q, window.tokens[levels : levels + 1].expand(leaves), pos_leaf)
-            elif n + levels < self.num_tokens:  # no chain: the leaf's p gives the bonus
-                leaf_token = self.rule.draw(p_leaf, pos_leaf)
-                leaf_accepted = torch.zeros_like(leaf_token, dtype=torch.bool)
+            # Leaf rows: the chain's drafts checked against each leaf's own p and its side chain's.
+            rows = int(plan.shape.row_nodes.shape[0])
+            p_rows = probs.index_select(0, plan.shape.row_nodes)
+            leaf_accepted = torch.zeros(rows, dtype=torch.bool, device=self.device)
+            leaf_token = torch.zeros(rows, dtype=torch.long, device=self.device)
+            draft_rows, offsets = plan.shape.draft_rows, plan.shape.draft_offsets
+            if draft_rows.numel():
+                drafts = levels + offsets
+                pos = (n + drafts).clamp(max=last)
+                acc, tok = self.rule.chain(p_rows.index_select(0, draft_rows), window.q.index_select(0, drafts),
+                                           window.tokens.index_select(0, drafts), pos)
+                leaf_accepted[draft_rows], leaf_token[draft_rows] = acc, tok
+            bonus_rows = plan.shape.bonus_rows
+            if bonus_rows.numel() and n + m < self.num_tokens:  # past the window: a draw from p
+                pos = self.positions[n + m : n + m + 1].expand(int(bonus_rows.shape[0]))
+                leaf_token[bonus_rows] = self.rule.draw(p_rows.index_select(0, bonus_rows), pos)
         return Verdict(chain_accepted=accepted, chain_token=replacements, bonus=bonus,
                        first_child=first_child, fallback=fallback, leaf_accepted=leaf_accepted,
-                       leaf_token=leaf_token, p_main=p_main, positions_main=pos_main)
+                       leaf_token=leaf_token, p_main=p_main, positions_main=pos_main, p_rows=p_rows)
 
     def _commit(self, state: DecodeState, plan: PassPlan, verdict: Verdict, outcome: PassOutcome) -> None:
         """Commit the path and the final token; keep only the path's cache entries."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -83,18 +83,65 @@ class FixedWindow:
     def next_window(self) -> int:
         return self.window
 
-    def observe(self, accepted: int, censored: bool, window: int) -> None:
+    def observe(self, accepted: int, censored: bool, window: int, **tree) -> None:
         pass
 
 
+class _Survival:
+    """Decayed at-risk and event counts of a run length A: the hazard P(A = k | A >= k)."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self.at_risk: List[float] = []  # weighted passes with A >= k, seen at position k
+        self.events: List[float] = []  # weighted passes with A == k (rejected there)
+
+    def age(self) -> None:
+        self.at_risk = [w * self.decay for w in self.at_risk]
+        self.events = [w * self.decay for w in self.events]
+
+    def add(self, run: int, censored: bool, length: int) -> None:
+        reach = min(run, length) + (0 if censored else 1)
+        while len(self.at_risk) < reach:
+            self.at_risk.append(0.0)
+            self.events.append(0.0)
+        for k in range(reach):  # a short list per pass (<= L entries), off the tensor path
+            self.at_risk[k] += 1.0
+        if not censored and run < len(self.events):
+            self.events[run] += 1.0
+
+    def mean_hazard(self) -> Optional[float]:
+        seen = [e / r for e, r in zip(self.events, self.at_risk) if r > 0.5]
+        return sum(seen) / len(seen) if seen else None
+
+    def hazards(self, prior: float = 0.5) -> Callable[[int], float]:
+        """k -> hazard at k; where too little is seen, the mean hazard (else `prior`)."""
+        tail = self.mean_hazard()
+        tail = prior if tail is None else tail
+        tail = min(max(tail, 0.02), 1.0)
+
+        def hazard(k: int) -> float:
+            if k < len(self.at_risk) and self.at_risk[k] > 0.5:
+                return self.events[k] / self.at_risk[k]
+            return tail
+        return hazard
+
+
 class AutoWindow:
-    """Chooses L from a survival estimate of the accepted run length and the cost curve.
+    """Chooses L from survival estimates of the accepted run length and the cost curve.
 
     With A the drafts a pass accepts before its first rejection, a pass of window L commits
-    about 1 + sum_{k=1..L} P(A >= k) tokens. P(A >= k) comes from the hazard
-    P(A = k | A >= k), counted over this run's passes (recent passes weigh more, since drafts
-    improve as the image fills in); beyond the longest window seen, the mean hazard extrapolates.
+    about 1 + sum_{k=1..L} P(A >= k) tokens. P(A >= k) comes from hazards P(A = k | A >= k),
+    counted over this run's passes (recent passes weigh more, since drafts improve as the image
+    fills in); beyond the longest run seen, the mean hazard extrapolates. A pass with a Proactive
+    Drafting tree is counted in two tables: its tree levels (how far the path got through them),
+    and, when the path got through the tree, its run along the chain after it. P(A >= k) past
+    the tree is P(through the tree) x P(chain run >= k - levels); a chain never reached is
+    estimated with the tree's mean hazard. A longer window must beat the best shorter one's
+    expected speed by RELATIVE_GAIN: when every chain draft is wrong and the tree ends every
+    pass, the chain adds nothing and the window drains to the tree's levels.
     """
+
+    RELATIVE_GAIN = 1e-3
 
     def __init__(self, cost: CostCurve, extra_nodes: int = 0, start: int = 16, decay: float = 0.9,
                  candidates: Sequence[int] = CANDIDATE_WINDOWS) -> None:
@@ -103,33 +150,42 @@ class AutoWindow:
         self.window = start
         self.decay = decay
         self.candidates = tuple(candidates)
-        self.at_risk: List[float] = []  # weighted passes with A >= k, seen at position k
-        self.events: List[float] = []  # weighted passes with A == k (rejected there)
+        self.tree = _Survival(decay)  # runs through the tree's levels
+        self.chain = _Survival(decay)  # runs along the continued chain
+        self.levels = 0  # tree levels of the last pass
+
+    @property
+    def at_risk(self) -> List[float]:
+        return self.chain.at_risk
+
+    @property
+    def events(self) -> List[float]:
+        return self.chain.events
 
     def next_window(self) -> int:
         return self.window
 
-    def observe(self, accepted: int, censored: bool, window: int) -> None:
-        self.at_risk = [w * self.decay for w in self.at_risk]
-        self.events = [w * self.decay for w in self.events]
-        reach = min(accepted, window) + (0 if censored else 1)
-        while len(self.at_risk) < reach:
-            self.at_risk.append(0.0)
-            self.events.append(0.0)
-        for k in range(reach):  # a short list per pass (<= L entries), off the tensor path
-            self.at_risk[k] += 1.0
-        if not censored and accepted < len(self.events):
-            self.events[accepted] += 1.0
+    def observe(self, accepted: int, censored: bool, window: int, tree_levels: int = 0) -> None:
+        """accepted, censored: the pass's accepted drafts and whether it ended without a
+        rejection; window: its drafts; tree_levels: its PD levels (the first drafts)."""
+        self.tree.age()
+        self.chain.age()
+        levels = min(tree_levels, window)
+        if levels:
+            self.tree.add(min(accepted, levels), accepted >= levels or censored, levels)
+        if accepted >= levels and window > levels:  # the path reached the chain
+            self.chain.add(accepted - levels, censored, window - levels)
+        self.levels = levels
         self.window = self._best_window()
 
     def expected_tokens(self, window: int) -> float:
-        hazards = [e / r for e, r in zip(self.events, self.at_risk) if r > 0.5]
-        tail = sum(hazards) / len(hazards) if hazards else 0.5
-        tail = min(max(tail, 0.02), 1.0)
+        tree_mean = self.tree.mean_hazard()
+        tree = self.tree.hazards()
+        chain = self.chain.hazards(prior=0.5 if tree_mean is None else tree_mean)
+        levels = min(self.levels, window)
         survive, total = 1.0, 1.0
         for k in range(window):
-            h = self.events[k] / self.at_risk[k] if k < len(self.at_risk) and self.at_risk[k] > 0.5 else tail
-            survive *= 1.0 - h
+            survive *= 1.0 - (tree(k) if k < levels else chain(k - levels))
             total += survive
         return total
 
@@ -137,4 +193,8 @@ class AutoWindow:
         def speed(w: int) -> float:
             return self.expected_tokens(w) / self.cost(1 + w + self.extra_nodes)
 
-        return max(self.candidates, key=speed)
+        best, best_speed = self.candidates[0], speed(self.candidates[0])
+        for w in self.candidates[1:]:  # ascending: a longer window must pay for itself
+            if speed(w) > best_speed * (1.0 + self.RELATIVE_GAIN):
+                best, best_speed = w, speed(w)
+        return best

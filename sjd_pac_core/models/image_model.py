@@ -86,6 +86,7 @@ class FamilyDefaults:
     tree_width: int = 4
     tree_every_pass: bool = True
     tree_first_width: Optional[int] = 8
+    tree_side_chain: int = 16
 
     @property
     def resolution(self) -> str:
@@ -96,6 +97,7 @@ class FamilyDefaults:
             cfg_scale=self.cfg_scale, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, window=self.window, tree_depth=self.tree_depth, tree_width=self.tree_width,
             tree_every_pass=self.tree_every_pass, tree_first_width=self.tree_first_width,
+            tree_side_chain=self.tree_side_chain,
         )
         values.update(overrides)
         return SamplerConfig(**values)

@@ -30,6 +30,20 @@ class TreeLayout:
     main_path: torch.Tensor  # long [len(widths) + chain_len + 1]: main-branch node at each depth
     attend: torch.Tensor  # bool [S, S]: node i may attend to node j (j is i or an ancestor)
     main_nodes: Tuple[int, ...]  # main_path as plain ints, for host-side bookkeeping
+    side_leaves: Tuple[int, ...] = ()  # leaf local indices that carry a side chain
+    side_len: int = 0  # drafts on each side chain (<= chain_len)
+    leaf_rows: Tuple[Tuple[int, int], ...] = ()  # per leaf: (first row, rows)
+    row_nodes: Tuple[int, ...] = ()  # per leaf row: the node whose p verifies it
+    row_offsets: Tuple[int, ...] = ()  # per leaf row: r, the chain draft it verifies
+
+    @property
+    def side_chain_nodes(self) -> int:
+        return len(self.side_leaves) * self.side_len
+
+    def side_nodes(self, leaf: int) -> Tuple[int, ...]:
+        """The side-chain nodes hung off leaf `leaf` (local index), in chain order."""
+        first, count = self.leaf_rows[leaf]
+        return self.row_nodes[first + 1 : first + count]
 
     @property
     def num_nodes(self) -> int:
@@ -57,10 +71,30 @@ class TreeLayout:
         return path[::-1]
 
 
+def one_deviation_leaves(widths: Tuple[int, ...]) -> Tuple[int, ...]:
+    """Local indices of the leaves whose path leaves the main branch at exactly one level
+    (candidate > 0 there, the main candidate 0 at every other level): the side leaves that win
+    most often, since a changed context usually moves one token, not two."""
+    leaves = []
+    for d, width in enumerate(widths):
+        stride = 1
+        for w in widths[d + 1 :]:
+            stride *= w
+        leaves += [k * stride for k in range(1, width)]
+    return tuple(sorted(leaves))
+
+
 @lru_cache(maxsize=256)
-def build_tree_layout(widths: Tuple[int, ...], chain_len: int) -> TreeLayout:
-    """The layout for these level widths and chain length, built with tensor ops (once per shape)."""
+def build_tree_layout(widths: Tuple[int, ...], chain_len: int, side_leaves: Tuple[int, ...] = (),
+                      side_len: int = 0) -> TreeLayout:
+    """The layout for these level widths and chain length, built with tensor ops (once per shape).
+
+    side_leaves, side_len: hang a chain of side_len drafts (the main chain's first ones) off each
+    of these leaves (local indices at the last level; never the main branch's leaf 0).
+    """
     widths = tuple(int(w) for w in widths)
+    side_len = min(int(side_len), chain_len) if widths else 0
+    side_leaves = tuple(int(l) for l in side_leaves) if side_len else ()
     parents, depths, cand = [torch.tensor([-1])], [torch.zeros(1, dtype=torch.long)], [torch.zeros(1, dtype=torch.long)]
     offsets = [0]
     size, start = 1, 0
@@ -77,6 +111,25 @@ def build_tree_layout(widths: Tuple[int, ...], chain_len: int) -> TreeLayout:
     parents.append(torch.cat([torch.tensor([main_tree[-1]]), chain_nodes[:-1]]) if chain_len else chain_nodes)
     depths.append(torch.arange(1, chain_len + 1) + len(widths))
     cand.append(torch.zeros(chain_len, dtype=torch.long))
+    leaf_base = offsets[-1]
+    num_leaves = size if widths else 0
+    assert all(0 < leaf < num_leaves for leaf in side_leaves), side_leaves
+    side_start = num_tree + chain_len
+    leaf_rows, row_nodes, row_offsets = [], [], []
+    side_index = {leaf: i for i, leaf in enumerate(side_leaves)}
+    for leaf in range(num_leaves):  # host bookkeeping, one entry per leaf row
+        chain = []
+        if leaf in side_index:
+            first = side_start + side_index[leaf] * side_len
+            chain = list(range(first, first + side_len))
+        leaf_rows.append((len(row_nodes), 1 + len(chain)))
+        row_nodes += [leaf_base + leaf] + chain
+        row_offsets += list(range(1 + len(chain)))
+    for leaf in side_leaves:  # each side chain: first draft's parent is its leaf
+        first = side_start + side_index[leaf] * side_len
+        parents.append(torch.cat([torch.tensor([leaf_base + leaf]), torch.arange(first, first + side_len - 1)]))
+        depths.append(torch.arange(1, side_len + 1) + len(widths))
+        cand.append(torch.zeros(side_len, dtype=torch.long))
     parents_t, depths_t, cand_t = torch.cat(parents), torch.cat(depths), torch.cat(cand)
     main_path = main_tree + list(range(num_tree, num_tree + chain_len))
 
@@ -99,6 +152,11 @@ def build_tree_layout(widths: Tuple[int, ...], chain_len: int) -> TreeLayout:
         main_path=torch.tensor(main_path, dtype=torch.long),
         attend=attend,
         main_nodes=tuple(main_path),
+        side_leaves=side_leaves,
+        side_len=side_len if side_leaves else 0,
+        leaf_rows=tuple(leaf_rows),
+        row_nodes=tuple(row_nodes),
+        row_offsets=tuple(row_offsets),
     )
 
 

@@ -145,7 +145,11 @@ def test_method_grammar():
     assert (c.use_pd, c.use_ac) == (False, True)
     assert parse_method("ar").config(base).method == "ar"
     assert parse_method("sjd@16").config(base).method == "sjd"
-    for bad in ("fast@3", "sjd", "ar@4", "sjd@0", "sjd@x"):
+    assert base.tree_side_chain > 0
+    no_side = parse_method("sjd-pac@32:noside:gumbel")
+    assert no_side.key == "sjd-pac@32:gumbel:noside" and no_side.config(base).tree_side_chain == 0
+    assert parse_method(no_side.key) == no_side
+    for bad in ("fast@3", "sjd", "ar@4", "sjd@0", "sjd@x", "sjd@4:noside:noside"):
         with pytest.raises(ValueError):
             parse_method(bad)
     with pytest.raises(ValueError, match="twice"):

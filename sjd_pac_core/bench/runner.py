@@ -27,7 +27,7 @@ import platform
 import statistics
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
@@ -64,6 +64,7 @@ AR_VARIANTS = ("ar", "generate", "generate-static")
 GENERATE_VARIANTS = ("generate", "generate-static")
 _RULES = ("rejection", "gumbel")
 _COMPILE = ("compile", "compiled")
+_NO_SIDE = ("noside",)  # tree_side_chain=0: the pre-side-chain tree (fewer nodes per pass)
 
 # Issue 13's honest baselines: transformers' generate (dynamic cache; static cache; static cache +
 # torch.compile), our AR, SJD and SJD-PAC, each eager and compiled (SamplerConfig(compile=True)).
@@ -84,17 +85,20 @@ class MethodSpec:
     window: Union[int, str, None] = None
     verify: Optional[str] = None
     compiled: bool = False
+    no_side_chain: bool = False
 
     @property
     def key(self) -> str:
         key = self.variant if self.window is None else f"{self.variant}@{self.window}"
-        return key + (f":{self.verify}" if self.verify else "") + (":compile" if self.compiled else "")
+        return (key + (f":{self.verify}" if self.verify else "") + (":compile" if self.compiled else "")
+                + (":noside" if self.no_side_chain else ""))
 
     @property
     def label(self) -> str:
         name = _VARIANTS[self.variant][3]
         name = name if self.window is None else f"{name} L={self.window}"
-        return name + (f", {self.verify}" if self.verify else "") + (", compiled" if self.compiled else "")
+        return (name + (f", {self.verify}" if self.verify else "") + (", compiled" if self.compiled else "")
+                + (", no side chains" if self.no_side_chain else ""))
 
     @property
     def is_ar(self) -> bool:
@@ -114,13 +118,15 @@ class MethodSpec:
             changes["verify"] = self.verify
         # generate rows compile through transformers (bench/baselines.py), not through our engine
         changes["compile"] = self.compiled and not self.is_generate
+        if self.no_side_chain:
+            changes["tree_side_chain"] = 0
         return base.with_(**changes)
 
 
 def parse_method(text: str) -> MethodSpec:
     """'ar', 'sjd@32', 'sjd+pd@64', 'sjd-pac@auto', 'generate', 'generate-static:compile',
-    'sjd-pac@64:gumbel', 'ar:compile' -> MethodSpec. Modifiers after ':' are a verification rule
-    (rejection, gumbel) and/or compile."""
+    'sjd-pac@64:gumbel', 'ar:compile', 'sjd-pac@32:noside' -> MethodSpec. Modifiers after ':' are
+    a verification rule (rejection, gumbel), compile, and noside (tree_side_chain=0)."""
     head, *modifiers = text.strip().lower().split(":")
     name, _, window = head.partition("@")
     name = _ALIASES.get(name, name)
@@ -129,22 +135,24 @@ def parse_method(text: str) -> MethodSpec:
             f"Unknown method {text!r} in --methods; use ar, generate, generate-static, sjd@L, sjd+pd@L, "
             "sjd+ac@L or sjd-pac@L (L an integer or auto), optionally with :gumbel / :rejection / :compile, "
             "comma-separated.")
-    verify, compiled = None, False
+    verify, compiled, no_side = None, False, False
     for modifier in modifiers:
         if modifier in _RULES and verify is None:
             verify = modifier
         elif modifier in _COMPILE and not compiled:
             compiled = True
+        elif modifier in _NO_SIDE and not no_side:
+            no_side = True
         else:
-            raise ValueError(f"Modifier {modifier!r} in {text!r}: use at most one of :rejection / :gumbel "
-                             "and :compile.")
+            raise ValueError(f"Modifier {modifier!r} in {text!r}: use at most one of :rejection / :gumbel, "
+                             ":compile and :noside.")
     if name == "generate" and compiled:
         raise ValueError(f"{text!r}: transformers compiles generate only with a static cache; write "
                          "generate-static:compile.")
     if name in AR_VARIANTS:
         if window:
             raise ValueError(f"{_VARIANTS[name][3]} has no window; write {name!r}, not {text!r}.")
-        return MethodSpec(name, None, verify, compiled)
+        return MethodSpec(name, None, verify, compiled, no_side)
     if not window:
         raise ValueError(f"Method {text!r} needs a window, e.g. {name}@32 or {name}@auto.")
     if window != "auto":
@@ -154,7 +162,7 @@ def parse_method(text: str) -> MethodSpec:
             raise ValueError(f"Window in {text!r} must be an integer or 'auto'.") from None
         if window < 1:
             raise ValueError(f"Window in {text!r} must be >= 1.")
-    return MethodSpec(name, window, verify, compiled)
+    return MethodSpec(name, window, verify, compiled, no_side)
 
 
 def parse_methods(text: str) -> List[MethodSpec]:
@@ -185,7 +193,7 @@ def with_rules(specs: Sequence[MethodSpec], rules: Sequence[str]) -> List[Method
         if spec.verify is not None:
             out.append(spec)
         else:
-            out.extend(MethodSpec(spec.variant, spec.window, rule, spec.compiled) for rule in rules)
+            out.extend(replace(spec, verify=rule) for rule in rules)
     keys = [s.key for s in out]
     if len(set(keys)) != len(keys):
         raise ValueError(f"--rules repeats a method already given with its rule: {','.join(keys)}.")
@@ -690,13 +698,13 @@ def rule_comparison(runs: Sequence[RunRecord], summary: Dict[str, dict]) -> List
         spec = _spec(key)
         if spec is None or spec.verify != "gumbel" or spec.is_ar:  # AR rows compress nothing
             continue
-        twin = MethodSpec(spec.variant, spec.window, "rejection", spec.compiled).key
+        twin = replace(spec, verify="rejection").key
         if twin not in summary:
             continue
         ratios = _paired(runs, twin, key)
         q = _quantiles(ratios) if ratios else {"median": None, "q25": None, "q75": None}
         rows.append({
-            "method": MethodSpec(spec.variant, spec.window, None, spec.compiled).key,
+            "method": replace(spec, verify=None).key,
             "compression_rejection": summary[twin]["step_compression"],
             "compression_gumbel": summary[key]["step_compression"],
             "compression_gain": summary[key]["step_compression"] / summary[twin]["step_compression"],

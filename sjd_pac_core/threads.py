@@ -14,7 +14,7 @@ from typing import Iterator, Optional
 
 import torch
 
-# Below this many parameters one thread is fastest on every CPU we measured (the demo has 1.4M).
+# Below this many parameters one thread is fastest on every CPU we measured (the demo has 1.7M).
 SMALL_MODEL_PARAMETERS = 30_000_000
 
 

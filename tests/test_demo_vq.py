@@ -140,3 +140,25 @@ def test_object_loss_weights_layout_and_weighted_loss():
     heavy[0, 3] = 5.0  # weighting one target moves the loss towards that token's loss
     ce = torch.nn.functional.cross_entropy(logits[0, 2], labels[0, 3])
     assert (weighted_lm_loss(logits, labels, heavy) - plain) * (ce - plain) > 0
+
+
+def test_gpt2_option_trains_loads_and_is_seed_exact(tmp_path):
+    """`demo.train --arch gpt2 --prompt-slots 20` (learned absolute positions; measured, not
+    shipped): its smoke run loads through load_model, every prompt has the same length, and
+    the engine drives it exactly (gumbel: SJD-PAC gives AR's tokens, CFG on)."""
+    import torch
+
+    import sjd_pac_core as sp
+    from sjd_pac_core.demo import train
+
+    train.main(["--smoke", "--arch", "gpt2", "--prompt-slots", "20", "--out", str(tmp_path), "--no-progress"])
+    model = sp.load_model(str(tmp_path))
+    assert type(model.token_model.model).__name__ == "GPT2LMHeadModel"
+    short = model.encode_prompt("a red circle top left on a blue background")
+    long = model.encode_prompt("a large red circle top left and a small blue star bottom right on a white background")
+    assert short.prompt_ids.shape == long.prompt_ids.shape == short.uncond_ids.shape == (22,)
+    base = model.defaults.sampler_config(verify="gumbel", cfg_scale=2.0)
+    ar = sp.generate_image(model, "a red circle top left on a blue background", config=base.with_(method="ar"), seed=3)
+    pac = sp.generate_image(model, "a red circle top left on a blue background", config=base.with_(method="sjd_pac"), seed=3)
+    assert torch.equal(ar.tokens, pac.tokens)
+    assert pac.stats.forward_passes < ar.stats.forward_passes

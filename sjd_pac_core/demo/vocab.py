@@ -10,7 +10,8 @@ Sequence layout (mirrors Lumina-mGPT / Emu3 style models):
 The prompt is ``<bos> words <boi>``; the image part is 16 * 17 = 272 tokens, every 17th an
 ``<eol>``; the unconditional prompt for classifier-free guidance is ``<bos> <boi>``.
 
-With ``prompt_slots`` set (the shipped model: 20), every prompt has the same length: the words are
+With ``prompt_slots`` set (``demo.train --arch gpt2 --prompt-slots 20``; the shipped Llama has
+none), every prompt has the same length: the words are
 followed by ``<pad>`` up to ``prompt_slots`` (the unconditional prompt is all ``<pad>``), so image
 token (row, column) always sits at the same absolute position and a model with learned position
 embeddings (GPT-2) can learn the 2D layout from them. Longer captions keep their first

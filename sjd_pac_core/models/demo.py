@@ -1,4 +1,4 @@
-"""The bundled demo model as an ARImageModel (a small GPT-2 + our VQ; see sjd_pac_core/demo)."""
+"""The bundled demo model as an ARImageModel (a small Llama + our VQ; see sjd_pac_core/demo)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncodi
 from .loader import ModelLoadError, check_checkpoint_matches
 
 
-# The shipped demo LM is a GPT-2 (learned absolute positions); the first one was a Llama, and
-# `demo.train --arch llama` still builds one.
+# The shipped demo LM is a Llama; `demo.train --arch gpt2 --prompt-slots 20` builds a GPT-2 with
+# learned absolute positions (measured, not shipped: README, "The bundled demo model").
 DEMO_MODEL_TYPES = ("gpt2", "llama")
 
 

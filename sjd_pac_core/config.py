@@ -107,7 +107,7 @@ class SamplerConfig:
     tree_width: int = 4
     tree_every_pass: bool = True
     tree_first_width: Optional[int] = 8
-    tree_side_chain: int = 16
+    tree_side_chain: int = 0
     adaptive_continuation: bool = True
     proactive_drafting: bool = True
     verify: VerifyRule = "rejection"

@@ -111,7 +111,7 @@ def config_from_settings(
     if not _empty(tree_width):
         values["tree_width"] = whole_number(tree_width, "tree width (K)", "4")
     if not _empty(tree_side_chain):
-        values["tree_side_chain"] = whole_number(tree_side_chain, "side chain length", "16 (0 = off)")
+        values["tree_side_chain"] = whole_number(tree_side_chain, "side chain length", "16 (0 = off, the default)")
     if not _empty(cfg_scale):
         values["cfg_scale"] = real_number(cfg_scale, "CFG scale", "2 (1 = off)")
     if not _empty(temperature):

@@ -10,8 +10,11 @@ from sjd_pac_core.demo import data as D
 from sjd_pac_core.demo import quality as Q
 
 
-# Seed-0 floors of the shipped model at its defaults (set from the measurement; see the test).
-SHIPPED_FLOORS = {"background": 0.0, "object_colour": 0.0, "shape": 0.0, "position": 0.0, "size": 0.0, "all": 0.0}
+# Seed-0 floors of the shipped model at its defaults, a little under what was measured on
+# 2026-12-01 (background 18/24, object colour 23/24, shape 4/24, position 2/24, size 5/24; all
+# criteria together 0/24, so "all" has no floor: issue 17's targets are not met, README).
+SHIPPED_FLOORS = {"background": 16 / 24, "object_colour": 22 / 24, "shape": 2 / 24, "position": 1 / 24,
+                  "size": 3 / 24}
 
 
 @lru_cache(maxsize=None)

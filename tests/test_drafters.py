@@ -88,7 +88,7 @@ def test_drafting_variants_match_the_exact_joint(tiny, name):
 def test_config_picks_the_drafter_and_its_tree_shape():
     every = drafters.make_drafter(sp.SamplerConfig())  # the defaults: every pass, 8 then K
     assert isinstance(every, drafters.EveryPassTreeDrafter)
-    assert every.widths == (8, 4) and every.max_side_nodes == 7 + 31 + 10 * 16  # side chains of 16
+    assert every.widths == (8, 4) and every.max_side_nodes == 7 + 31  # no side chains by default
     after = drafters.make_drafter(sp.SamplerConfig(tree_every_pass=False, tree_first_width=None, tree_side_chain=0))
     assert type(after) is drafters.PACDrafter and after.max_side_nodes == 3 + 15
     with pytest.raises(sp.ConfigError, match="tree_first_width"):

@@ -9,4 +9,4 @@ sampler sees it with ``python -m sjd_pac_core.demo.calibrate``.
 
 # The prompt the README, the app, the ComfyUI nodes and the demo workflows start with: chosen with
 # the strict check (`python -m sjd_pac_core.demo.quality --prompts ...`) on held-out seeds.
-EXAMPLE_PROMPT = "a red circle top left on a blue background"
+EXAMPLE_PROMPT = "a large red square in the center on a white background"

@@ -86,7 +86,7 @@ class FamilyDefaults:
     tree_width: int = 4
     tree_every_pass: bool = True
     tree_first_width: Optional[int] = 8
-    tree_side_chain: int = 16
+    tree_side_chain: int = 0
 
     @property
     def resolution(self) -> str:

@@ -229,4 +229,4 @@ def test_side_chain_layout_and_config():
     with pytest.raises(sp.ConfigError, match="tree_side_chain"):
         sp.SamplerConfig(tree_side_chain=-1)
     assert sp.SamplerConfig(tree_side_chain=30).side_chain_len == 25  # cut to 256 side-chain nodes
-    assert sp.SamplerConfig(tree_depth=2, tree_first_width=256).tree_side_nodes == 255 + 255  # 1 each
+    assert sp.SamplerConfig(tree_depth=2, tree_first_width=256, tree_side_chain=16).tree_side_nodes == 255 + 255  # 1 each

@@ -366,24 +366,30 @@ def all_pairs_pvalue(tokens: torch.Tensor, joint: torch.Tensor) -> Tuple[float, 
     """Chi-square of every pair of positions' joint table (x_s, x_t), s < t, against the exact
     joint's marginal; Bonferroni over the pairs. Pairs at a distance show what adjacent pairs
     miss in a second-order chain (a token committed against its grandparent's wrong p)."""
-    n_samples, n = tokens.shape
+    n = tokens.shape[1]
     v = joint.shape[0]
     pairs = list(itertools.combinations(range(n), 2))
     worst, worst_name = 1.0, ""
     for s, t in pairs:
         exact = joint.sum(dim=[d for d in range(n) if d not in (s, t)]).reshape(-1)
-        observed = torch.bincount(tokens[:, s] * v + tokens[:, t], minlength=v * v).double()
-        assert bool((observed[exact == 0] == 0).all()), f"pair ({s}, {t}): sampled an impossible pair"
-        expected = exact * n_samples
-        big = expected >= 5
-        obs = torch.cat([observed[big], observed[~big].sum().reshape(1)])
-        exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
-        keep = exp > 0
-        obs, exp = obs[keep], exp[keep]
-        p_value = float(scipy_stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+        p_value = pair_table_pvalue(tokens[:, s], tokens[:, t], exact, v, f"pair ({s}, {t})")
         if p_value < worst:
             worst, worst_name = p_value, f"pair ({s}, {t})"
     return min(1.0, worst * len(pairs)), worst_name
+
+
+def pair_table_pvalue(first: torch.Tensor, second: torch.Tensor, exact: torch.Tensor, v: int, name: str) -> float:
+    """Chi-square p-value of the sampled joint table of two token columns against its exact
+    value ``exact`` [V * V]; cells expecting < 5 are pooled, an impossible pair fails at once."""
+    observed = torch.bincount(first * v + second, minlength=v * v).double()
+    assert bool((observed[exact == 0] == 0).all()), f"{name}: sampled an impossible pair"
+    expected = exact * first.shape[0]
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum().reshape(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    return float(scipy_stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
 
 
 def draw_sequences(model, prompt, num_tokens, config, samples, uncond=None, allowed=None, seed0=0,
@@ -406,21 +412,13 @@ def markov_marginal_pvalue(tokens: torch.Tensor, p0: torch.Tensor, trans: torch.
     The pairs' tables determine every per-position marginal and every conditional, which is
     where a wrong sibling law or a wrong residual shows. Cells expecting < 5 are pooled.
     """
-    n_samples, n = tokens.shape
+    n = tokens.shape[1]
     v = p0.shape[0]
     marginal = p0
     worst, worst_name = 1.0, ""
     for t in range(n - 1):
         exact = (marginal.unsqueeze(-1) * trans[t + 1]).reshape(-1)  # [V * V]
-        observed = torch.bincount(tokens[:, t] * v + tokens[:, t + 1], minlength=v * v).double()
-        assert bool((observed[exact == 0] == 0).all()), f"pair ({t}, {t + 1}): sampled an impossible pair"
-        expected = exact * n_samples
-        big = expected >= 5
-        obs = torch.cat([observed[big], observed[~big].sum().reshape(1)])
-        exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
-        keep = exp > 0
-        obs, exp = obs[keep], exp[keep]
-        p_value = float(scipy_stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+        p_value = pair_table_pvalue(tokens[:, t], tokens[:, t + 1], exact, v, f"pair ({t}, {t + 1})")
         if p_value < worst:
             worst, worst_name = p_value, f"pair ({t}, {t + 1})"
         marginal = marginal @ trans[t + 1]

@@ -71,7 +71,8 @@ def test_shipped_reconstruction_error(vq):
 def test_shipped_vocab_layout(vocab, vq):
     assert vocab.specials == SPECIALS and SPECIALS[:5] == ["<pad>", "<bos>", "<boi>", "<eol>", "<eoi>"]
     assert vocab.codebook_size == vq.codebook_size
-    assert vocab.image_offset == len(SPECIALS) + len(vocab.words)
+    assert vocab.row_token_offset == len(SPECIALS) + len(vocab.words)
+    assert vocab.image_offset == vocab.row_token_offset + (vocab.grid if vocab.row_tokens else 0)
     assert vocab.vocab_size == vocab.image_offset + vocab.codebook_size
     assert set(D.CAPTION_WORDS) <= set(vocab.words)
     p = vocab.prompt_ids("a red circle top left on a blue background")
@@ -80,14 +81,51 @@ def test_shipped_vocab_layout(vocab, vq):
     codes = torch.randint(0, vocab.codebook_size, (3, 16, 16))
     ids = vocab.image_ids(codes)
     assert ids.shape == (3, 16 * 17)
-    assert (ids[:, 16::17] == EOL).all()
+    row_ends = vocab.row_end_ids()
+    assert (ids[:, 16::17] == row_ends).all()
     assert torch.equal(vocab.codes_from_ids(ids), codes)
     allowed = vocab.allowed_tokens()
     assert allowed.shape == (272, vocab.vocab_size)
-    assert allowed[16].sum() == 1 and allowed[16, EOL]
+    assert allowed[16].sum() == 1 and allowed[16, row_ends[0]] and allowed[16 + 17 * 15, row_ends[15]]
     assert allowed[0].sum() == vocab.codebook_size and not allowed[0, : vocab.image_offset].any()
     forced = vocab.forced_tokens()
-    assert (forced[16::17] == EOL).all() and (forced[forced != EOL] == -1).all()
+    assert torch.equal(forced[16::17], row_ends) and (forced.reshape(16, 17)[:, :16] == -1).all()
+
+
+def test_row_tokens_name_each_row_and_round_trip(tmp_path):
+    """`row_tokens`: row r ends in its own forced token <eol r>, between the words and the codes;
+    the layout round-trips, a wrong row end is refused, and the setting survives vocab.json
+    (a vocab.json written before the option loads as the shared <eol>)."""
+    words = list(D.CAPTION_WORDS)
+    shared, rows = DemoVocab(words=words), DemoVocab(words=words, row_tokens=True)
+    assert rows.image_offset == shared.image_offset + 16 and rows.vocab_size == shared.vocab_size + 16
+    assert torch.equal(shared.row_end_ids(), torch.full((16,), EOL))
+    assert rows.row_end_ids().tolist() == list(range(shared.image_offset, shared.image_offset + 16))
+    codes = torch.randint(0, rows.codebook_size, (2, 16, 16))
+    ids = rows.image_ids(codes)
+    assert ids[0, 16::17].tolist() == rows.row_end_ids().tolist()
+    assert torch.equal(rows.codes_from_ids(ids), codes)
+    assert rows.decode_ids(ids[0, 16:17]) == "<eol0>" and rows.decode_ids(ids[0, -1:]) == "<eol15>"
+    swapped = ids.clone()
+    swapped[:, [16, 33]] = swapped[:, [33, 16]]
+    with pytest.raises(ValueError, match="row-end"):
+        rows.codes_from_ids(swapped)
+    rows.save(str(tmp_path))
+    assert DemoVocab.load(str(tmp_path)).row_tokens is True
+    legacy = json.loads((tmp_path / "vocab.json").read_text())
+    del legacy["row_tokens"], legacy["image_offset"]
+    legacy["image_offset"] = shared.image_offset
+    (tmp_path / "vocab.json").write_text(json.dumps(legacy))
+    assert DemoVocab.load(str(tmp_path)).row_tokens is False
+
+
+def test_image_layout_refuses_row_ends_that_do_not_match_the_rows():
+    from sjd_pac_core.models.image_model import ImageLayout
+
+    layout = ImageLayout(rows=3, cols=2, row_end=(7, 8, 9), tail=(5,))
+    assert layout.forced_tokens().tolist() == [-1, -1, 7, -1, -1, 8, -1, -1, 9, 5]
+    with pytest.raises(ValueError, match="2 ids for 3 rows"):
+        ImageLayout(rows=3, cols=2, row_end=(7, 8))
 
 
 def test_smoke_training_output_loads(smoke_demo_folder):
@@ -162,3 +200,22 @@ def test_gpt2_option_trains_loads_and_is_seed_exact(tmp_path):
     pac = sp.generate_image(model, "a red circle top left on a blue background", config=base.with_(method="sjd_pac"), seed=3)
     assert torch.equal(ar.tokens, pac.tokens)
     assert pac.stats.forward_passes < ar.stats.forward_passes
+
+
+def test_row_tokens_option_trains_loads_and_is_seed_exact(tmp_path):
+    """`demo.train --row-tokens`: the engine forces each row's own end token (AR, SJD, SJD-PAC
+    under gumbel give identical tokens, CFG on) and the decoded image is the layout's grid."""
+    import sjd_pac_core as sp
+    from sjd_pac_core.demo import train
+
+    train.main(["--smoke", "--row-tokens", "--out", str(tmp_path), "--no-progress"])
+    model = sp.load_model(str(tmp_path))
+    row_ends = model.vocab.row_end_ids()
+    assert model.layout.row_end == tuple(row_ends.tolist())
+    base = model.defaults.sampler_config(verify="gumbel", cfg_scale=2.0)
+    runs = {m: sp.generate_image(model, "a red circle top left on a blue background", config=base.with_(method=m), seed=1)
+            for m in ("ar", "sjd", "sjd_pac")}
+    tokens = runs["ar"].tokens.reshape(-1)
+    assert torch.equal(tokens[16::17], row_ends)
+    assert all(torch.equal(r.tokens.reshape(-1), tokens) for r in runs.values())
+    assert runs["ar"].images[0].size == (64, 64)

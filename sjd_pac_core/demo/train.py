@@ -161,6 +161,8 @@ def main(argv=None):
     ap.add_argument("--vq-steps", type=int, default=450)
     ap.add_argument("--vq-batch", type=int, default=32)
     ap.add_argument("--vq-lr", type=float, default=2e-3)
+    ap.add_argument("--vq-edge-weight", type=float, default=0.0,
+                    help="weight of the VQ's L1 loss on pixel differences (sharper shape edges)")
     ap.add_argument("--codebook", type=int, default=512)
     ap.add_argument("--lm-steps", type=int, default=1800)
     ap.add_argument("--lm-batch", type=int, default=16)
@@ -174,6 +176,8 @@ def main(argv=None):
     ap.add_argument("--prompt-slots", type=int, default=0,
                     help=f"fixed word slots per prompt, e.g. {PROMPT_SLOTS} for --arch gpt2 (0: prompts as long as "
                          "their caption)")
+    ap.add_argument("--row-tokens", action="store_true",
+                    help="close each image row with its own token (<eol0>..<eol15>) instead of the shared <eol>")
     ap.add_argument("--caption-dropout", type=float, default=0.12)
     ap.add_argument("--object-weight", type=float, default=4.0,
                     help="extra loss weight on the image tokens where the caption puts an object (0: plain cross entropy)")
@@ -236,6 +240,7 @@ def main(argv=None):
             progress=progress,
             checkpoint_every=max(100, args.vq_steps // 4),
             checkpoint_dir=out,
+            edge_weight=args.vq_edge_weight,
         )
         vq.save_pretrained(out)
         vq = VQModel.from_pretrained(out)  # what ships is fp16: tokenise with that
@@ -255,7 +260,7 @@ def main(argv=None):
 
     # ---- 3. vocabulary ------------------------------------------------------------------
     vocab = DemoVocab(words=list(D.CAPTION_WORDS), codebook_size=args.codebook, grid=16,
-                      prompt_slots=args.prompt_slots or None)
+                      prompt_slots=args.prompt_slots or None, row_tokens=args.row_tokens)
     vocab.save(out)
     prompts, img = build_sequences(vocab, captions, codes)
     img_weights = object_loss_weights(np.stack([D.caption_regions(c) for c in captions]), args.object_weight)
@@ -299,6 +304,7 @@ def main(argv=None):
                 "batch_size": args.vq_batch,
                 "lr": args.vq_lr,
                 "codebook_size": args.codebook,
+                "edge_weight": args.vq_edge_weight,
                 "params": sum(p.numel() for p in vq.parameters()),
                 "final_losses": vq_losses,
                 "val_mse": vq_val_mse,
@@ -314,6 +320,7 @@ def main(argv=None):
                 "params": n_params,
                 "arch": args.arch,
                 "prompt_slots": vocab.prompt_slots,
+                "row_tokens": vocab.row_tokens,
                 "hidden": args.hidden,
                 "layers": args.layers,
                 "heads": args.heads,

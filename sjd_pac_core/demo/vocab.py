@@ -16,6 +16,12 @@ followed by ``<pad>`` up to ``prompt_slots`` (the unconditional prompt is all ``
 token (row, column) always sits at the same absolute position and a model with learned position
 embeddings (GPT-2) can learn the 2D layout from them. Longer captions keep their first
 ``prompt_slots`` words.
+
+With ``row_tokens`` set (``demo.train --row-tokens``), each row ends in its own forced token
+(``<eol0>`` .. ``<eol15>``, ids between the words and the image codes) instead of the shared
+``<eol>``: the nearest row end then names the row, and the distance to it names the column, so a
+1D-RoPE Llama gets the 2D position of every image token from its local context. The sequence
+length and the tokens the sampler is free to choose are unchanged.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class DemoVocab:
     grid: int = 16
     specials: list[str] = field(default_factory=lambda: list(SPECIALS))
     prompt_slots: int | None = None  # fixed number of word slots per prompt; None = as many as words
+    row_tokens: bool = False  # a distinct forced token at the end of each row (else the shared <eol>)
 
     def __post_init__(self):
         if self.specials != SPECIALS:
@@ -58,8 +65,12 @@ class DemoVocab:
     pad_id, bos_id, boi_id, eol_id, eoi_id, unk_id = PAD, BOS, BOI, EOL, EOI, UNK
 
     @property
-    def image_offset(self) -> int:
+    def row_token_offset(self) -> int:
         return len(self.specials) + len(self.words)
+
+    @property
+    def image_offset(self) -> int:
+        return self.row_token_offset + (self.grid if self.row_tokens else 0)
 
     @property
     def vocab_size(self) -> int:
@@ -94,8 +105,10 @@ class DemoVocab:
         for i in torch.as_tensor(ids).tolist():
             if i < len(self.specials):
                 out.append(self.specials[i])
-            elif i < self.image_offset:
+            elif i < self.row_token_offset:
                 out.append(self.words[i - len(self.specials)])
+            elif i < self.image_offset:
+                out.append(f"<eol{i - self.row_token_offset}>")
             else:
                 out.append(f"<img{i - self.image_offset}>")
         return " ".join(out)
@@ -106,7 +119,7 @@ class DemoVocab:
         codes = torch.as_tensor(codes).long()
         lead = codes.shape[:-2]
         ids = codes + self.image_offset
-        eol = torch.full((*lead, self.grid, 1), EOL, dtype=torch.long)
+        eol = self.row_end_ids().reshape(self.grid, 1).expand(*lead, self.grid, 1)
         return torch.cat([ids, eol], dim=-1).reshape(*lead, self.num_image_tokens)
 
     def codes_from_ids(self, ids: torch.Tensor) -> torch.Tensor:
@@ -114,8 +127,8 @@ class DemoVocab:
         ids = torch.as_tensor(ids).long()
         lead = ids.shape[:-1]
         rows = ids.reshape(*lead, self.grid, self.row_length)
-        if not bool((rows[..., -1] == EOL).all()):
-            raise ValueError("image tokens do not end every row with <eol>")
+        if not bool((rows[..., -1] == self.row_end_ids()).all()):
+            raise ValueError("image tokens do not end every row with its row-end token")
         codes = rows[..., :-1] - self.image_offset
         if bool((codes < 0).any()) or bool((codes >= self.codebook_size).any()):
             raise ValueError("image tokens contain non-image ids at code positions")
@@ -123,22 +136,28 @@ class DemoVocab:
 
     def allowed_tokens(self) -> torch.Tensor:
         """bool [num_image_tokens, vocab]: code positions allow exactly the image codes,
-        every 17th position allows only <eol>."""
+        every 17th position allows only its row-end token."""
         m = torch.zeros(self.num_image_tokens, self.vocab_size, dtype=torch.bool)
         eol_pos = self.eol_positions()
         free = torch.ones(self.num_image_tokens, dtype=torch.bool)
         free[eol_pos] = False
         m[free, self.image_offset :] = True
-        m[eol_pos, EOL] = True
+        m[eol_pos, self.row_end_ids()] = True
         return m
+
+    def row_end_ids(self) -> torch.Tensor:
+        """long [grid]: the forced token that closes each row (<eol>, or <eol0>.. with row_tokens)."""
+        if self.row_tokens:
+            return torch.arange(self.grid, dtype=torch.long) + self.row_token_offset
+        return torch.full((self.grid,), EOL, dtype=torch.long)
 
     def eol_positions(self) -> torch.Tensor:
         return torch.arange(self.grid, dtype=torch.long) * self.row_length + self.grid
 
     def forced_tokens(self) -> torch.Tensor:
-        """long [num_image_tokens]: <eol> at every row end, -1 elsewhere."""
+        """long [num_image_tokens]: the row-end token at every row end, -1 elsewhere."""
         f = torch.full((self.num_image_tokens,), -1, dtype=torch.long)
-        f[self.eol_positions()] = EOL
+        f[self.eol_positions()] = self.row_end_ids()
         return f
 
     def image_token_mask(self) -> torch.Tensor:
@@ -158,6 +177,7 @@ class DemoVocab:
             "vocab_size": self.vocab_size,
             "layout": "<bos> caption <boi> (grid codes, <eol>) x grid <eoi>",
             "prompt_slots": self.prompt_slots,
+            "row_tokens": self.row_tokens,
             "uncond_prompt": self.decode_ids(self.uncond_prompt_ids()).split(),
         }
 
@@ -172,7 +192,7 @@ class DemoVocab:
         with open(p) as f:
             d = json.load(f)
         v = cls(words=d["words"], codebook_size=d["codebook_size"], grid=d["grid"], specials=d["specials"],
-                prompt_slots=d.get("prompt_slots"))
+                prompt_slots=d.get("prompt_slots"), row_tokens=bool(d.get("row_tokens", False)))
         if v.image_offset != d["image_offset"]:
             raise ValueError("vocab.json image_offset does not match its word list")
         return v

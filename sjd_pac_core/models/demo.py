@@ -34,7 +34,9 @@ class DemoImageModel(ARImageModel):
         self.vocab = demo.vocab
         self.token_model = CausalLMAdapter(demo.model)
         grid = self.vocab.grid
-        self.layout = ImageLayout(rows=grid, cols=grid, row_end=EOL)
+        row_ends = self.vocab.row_end_ids()
+        self.layout = ImageLayout(rows=grid, cols=grid,
+                                  row_end=tuple(row_ends.tolist()) if self.vocab.row_tokens else EOL)
         image_ids = torch.arange(self.vocab.image_offset, self.vocab.vocab_size)
         self.constraints = self.layout.constraints(self.vocab.vocab_size, image_ids)
 

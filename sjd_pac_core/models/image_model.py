@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from PIL import Image
@@ -24,13 +24,18 @@ class ImageLayout:
     """The image part of the sequence: rows of codes, each optionally closed by a forced token.
 
     Token ids are in the sampler's token space. Layout: for each row, `cols` free image tokens,
-    then `row_end` if given; after the last row, the `tail` tokens (forced as well).
+    then `row_end` if given (one id for every row, or one id per row); after the last row, the
+    `tail` tokens (forced as well).
     """
 
     rows: int
     cols: int
-    row_end: Optional[int] = None  # end-of-line token id, or None
+    row_end: Union[int, Tuple[int, ...], None] = None  # end-of-line token id (or one per row), or None
     tail: Tuple[int, ...] = ()  # forced tokens after the grid (end-of-image, ...)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.row_end, tuple) and len(self.row_end) != self.rows:
+            raise ValueError(f"row_end has {len(self.row_end)} ids for {self.rows} rows")
 
     @property
     def row_length(self) -> int:
@@ -44,7 +49,7 @@ class ImageLayout:
         """long [num_tokens]: the forced token at each position, -1 where free."""
         forced = torch.full((self.num_tokens,), -1, dtype=torch.long)
         if self.row_end is not None:
-            forced[self.cols : self.rows * self.row_length : self.row_length] = self.row_end
+            forced[self.cols : self.rows * self.row_length : self.row_length] = torch.as_tensor(self.row_end)
         if self.tail:
             forced[self.rows * self.row_length :] = torch.tensor(self.tail)
         return forced

@@ -104,10 +104,10 @@ def test_lumina_sequence_uses_chameleon_ids(models):
 def test_lumina_default_size_follows_folder_name():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lumina_mgpt, "LUMINA_SIZES", (768, 512, 1024))
-        assert lumina_mgpt._default_sizes(Path("lumina-mgpt-7b-512")) == (512, 768, 1024)
-        assert lumina_mgpt._default_sizes(Path("lumina-mgpt-7b-768"))[0] == 768
-        assert lumina_mgpt._default_sizes(Path("Lumina-mGPT-7B-1024"))[0] == 1024
-        assert lumina_mgpt._default_sizes(Path("my-lumina"))[0] == 768
+        assert lumina_mgpt.default_sizes(Path("lumina-mgpt-7b-512")) == (512, 768, 1024)
+        assert lumina_mgpt.default_sizes(Path("lumina-mgpt-7b-768"))[0] == 768
+        assert lumina_mgpt.default_sizes(Path("Lumina-mGPT-7B-1024"))[0] == 1024
+        assert lumina_mgpt.default_sizes(Path("my-lumina"))[0] == 768
 
 
 def test_emu3_prompts_and_resolutions(models):

@@ -19,7 +19,7 @@ import json
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -208,16 +208,18 @@ def _bench(args) -> int:
         result = run_bench(model, prompts, seeds, methods, base, warmup=not args.no_warmup, progress=not args.quiet)
     summary = summarise(result.runs, [m.key for m in methods])
     figures: List[str] = []
+    locality = None
     extra = []
     paths = write_outputs(result, out)  # first, so a failing figure never loses a long run's numbers
     if not args.no_plots:
-        figures = _bench_plots(result, summary, out, args, model, plots, acceptance_histogram, measure_locality)
+        figures, locality = _bench_plots(result, summary, out, args, model, plots, acceptance_histogram,
+                                         measure_locality)
         extra.append("figures: " + ", ".join(figures))
         paths = write_outputs(result, out, extra_md="\n".join(extra))
     if figures:  # the locality numbers also go into the JSON
         data = json.loads(paths["json"].read_text())
         data["figures"] = figures
-        data["locality"] = getattr(args, "_locality", None)
+        data["locality"] = locality
         paths["json"].write_text(json.dumps(data, indent=1, default=float))
     print(paths["markdown"].read_text())
     print(f"wrote {paths['json']}, {paths['markdown']}" + (f" and {len(figures)} figures" if figures else ""))
@@ -232,10 +234,13 @@ def _pick(summary, variant: str, prefer: Optional[int] = None) -> Optional[str]:
     return max(keys, key=lambda k: summary[k]["step_compression"], default=None)
 
 
-def _bench_plots(result, summary, out: Path, args, model, plots, acceptance_histogram, measure_locality) -> List[str]:
+def _bench_plots(result, summary, out: Path, args, model, plots, acceptance_histogram,
+                 measure_locality) -> Tuple[List[str], Optional[dict]]:
+    """Write the figures; -> (their file names, the locality measurement or None)."""
     from .runner import parse_method
 
     written: List[str] = []
+    locality = None
     hist_keys = [k for k in (_pick(summary, "sjd", 32), _pick(summary, "sjd-pac")) if k]
     if not hist_keys:  # any windowed method will do
         hist_keys = [k for k in summary if k != "ar"][:2]
@@ -252,11 +257,11 @@ def _bench_plots(result, summary, out: Path, args, model, plots, acceptance_hist
         loc = measure_locality(model, samples=args.locality_samples)
         if loc is not None:
             loc["seconds"] = time.perf_counter() - start
-            args._locality = loc
+            locality = loc
             written.append(plots.locality_curve(loc["tv"], out / "locality.png", row_length=loc["row_length"]).name)
         elif not args.quiet:
             print("locality curve: only for the demo model (sjd_pac_core.demo.calibrate); skipped")
-    return written
+    return written, locality
 
 
 # --- numerics ----------------------------------------------------------------------------------
@@ -320,7 +325,7 @@ def _image_pairs(rows, path: Path, scale: int = 3) -> None:
     """AR's picture next to SJD-PAC's for the same seed (verify='gumbel': they must be identical)."""
     from PIL import Image, ImageDraw
 
-    from .plots import TEXT, WHITE, _font
+    from .plots import TEXT, WHITE, load_font
 
     w, h = rows[0][0][1].size
     side = max(1, min(scale, 256 // max(w, h))) if max(w, h) < 256 else 1
@@ -331,6 +336,6 @@ def _image_pairs(rows, path: Path, scale: int = 3) -> None:
     for r, row in enumerate(rows):
         for c, (label, picture) in enumerate(row):
             x, y = 10 + c * (cell_w + 10), 10 + r * (cell_h + 24)
-            draw.text((x, y), label, fill=TEXT, font=_font(12))
+            draw.text((x, y), label, fill=TEXT, font=load_font(12))
             img.paste(picture.convert("RGB").resize((cell_w, cell_h), Image.NEAREST), (x, y + 18))
     img.save(path, optimize=True)

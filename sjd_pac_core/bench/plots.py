@@ -29,7 +29,7 @@ VARIANT_COLORS: Dict[str, Color] = {
 }
 
 
-def _font(size: int = 13) -> ImageFont.ImageFont:
+def load_font(size: int = 13) -> ImageFont.ImageFont:
     try:
         return ImageFont.load_default(size=size)
     except TypeError:  # pragma: no cover - Pillow < 10.1
@@ -63,9 +63,9 @@ class Axes:
         self.img, self.draw = img, ImageDraw.Draw(img)
         self.x0, self.y0, self.x1, self.y1 = box
         self.xlim, self.ylim, self.xlog = xlim, ylim, xlog
-        self.font, self.small = _font(13), _font(11)
+        self.font, self.small = load_font(13), load_font(11)
         if title:
-            self.draw.text((self.x0, self.y0 - 22), title, fill=TEXT, font=_font(14))
+            self.draw.text((self.x0, self.y0 - 22), title, fill=TEXT, font=load_font(14))
         if xlabel:
             w = self.draw.textlength(xlabel, font=self.font)
             self.draw.text(((self.x0 + self.x1 - w) / 2, self.y1 + 22), xlabel, fill=TEXT, font=self.font)
@@ -133,7 +133,7 @@ class Axes:
 
 def _legend(draw: ImageDraw.ImageDraw, x: int, y: int, items: Sequence[Tuple[str, Color, bool]]) -> None:
     """One row of legend entries starting at (x, y)."""
-    font = _font(12)
+    font = load_font(12)
     for label, color, dashed in items:
         if dashed:
             for k in range(0, 22, 8):
@@ -168,7 +168,7 @@ def acceptance_histograms(hists: Dict[str, Dict[int, int]], path: Union[str, Pat
     xmax = max(8, xmax)
     width, panel_h = 760, 190
     img = Image.new("RGB", (width, 40 + panel_h * len(panels) + 30), WHITE)
-    ImageDraw.Draw(img).text((16, 10), title, fill=TEXT, font=_font(15))
+    ImageDraw.Draw(img).text((16, 10), title, fill=TEXT, font=load_font(15))
     ymax = max(max(h.values()) / sum(h.values()) for _, h in panels)
     ymax = min(1.0, math.ceil(ymax * 10 + 0.5) / 10)
     for k, (label, h) in enumerate(panels):
@@ -262,7 +262,7 @@ def speedup_bars(summary: Dict[str, dict], labels: Dict[str, str], path: Union[s
     height = 60 + 28 * len(rows) + 40
     img = Image.new("RGB", (760, height), WHITE)
     draw = ImageDraw.Draw(img)
-    draw.text((16, 10), title, fill=TEXT, font=_font(15))
+    draw.text((16, 10), title, fill=TEXT, font=load_font(15))
     xmax = max(max(r.get("speedup_q75", r["speedup_median"]) for _, r in rows) * 1.1, 1.2)
     ax = Axes(img, (190, 44, 720, 44 + 28 * len(rows)), (0.0, xmax), (len(rows), 0))
     ticks = _nice_ticks(0, xmax, 6)

@@ -360,14 +360,12 @@ def environment(model: ARImageModel) -> Dict[str, object]:
 
 
 def _cost_curve(model: ARImageModel) -> Optional[Dict[int, float]]:
-    from ..engine import window
+    from ..engine.window import cached_cost_curve
 
-    inner = getattr(model.token_model, "model", model.token_model)
-    cache = getattr(window, "_COST_CACHE", {})  # the engine's cached probe, if this engine has one
-    for (key, device), curve in cache.items():
-        if key == id(inner) and device == str(model.device):
-            return {n: round(1000 * t, 3) for n, t in zip(curve.sizes, curve.seconds)}
-    return None
+    curve = cached_cost_curve(model.token_model)  # measured by the auto window, if it ran
+    if curve is None:
+        return None
+    return {n: round(1000 * t, 3) for n, t in zip(curve.sizes, curve.seconds)}
 
 
 def _sync(model: ARImageModel) -> None:

@@ -46,6 +46,15 @@ class CostCurve:
 _COST_CACHE: Dict[Tuple[int, str], CostCurve] = {}
 
 
+def _cost_key(model: TokenModel) -> Tuple[int, str]:
+    return id(getattr(model, "model", model)), str(model.device)  # the network, not its wrapper
+
+
+def cached_cost_curve(model: TokenModel) -> Optional[CostCurve]:
+    """The curve `measure_cost_curve` measured for this model and device, if it ran."""
+    return _COST_CACHE.get(_cost_key(model))
+
+
 def measure_cost_curve(
     model: TokenModel, session: DecoderSession, root: torch.Tensor, sizes: Sequence[int] = PROBE_SIZES, repeats: int = 2
 ) -> CostCurve:
@@ -53,7 +62,7 @@ def measure_cost_curve(
 
     Cached per model and device: the curve is a property of the hardware and model shape.
     """
-    key = (id(getattr(model, "model", model)), str(model.device))  # the network, not its wrapper
+    key = _cost_key(model)
     if key in _COST_CACHE:
         return _COST_CACHE[key]
     seconds = []

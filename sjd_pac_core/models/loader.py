@@ -495,9 +495,9 @@ def folder_resolutions(path: Union[str, os.PathLike]) -> Tuple[str, Optional[Tup
     config = read_config(folder)
     family = detect_family(folder, config)
     if family == "lumina_mgpt":
-        from .lumina_mgpt import _default_sizes
+        from .lumina_mgpt import default_sizes
 
-        return family, tuple(f"{w}x{h}" for w, h in sizes.trained_sizes(_default_sizes(folder)[0]))
+        return family, tuple(f"{w}x{h}" for w, h in sizes.trained_sizes(default_sizes(folder)[0]))
     if family == "emu3":
         from .emu3 import DEFAULT_IMAGE_AREA
 

@@ -133,7 +133,7 @@ def find_vqgan_dir(folder: Path) -> Optional[Path]:
     return None
 
 
-def _default_sizes(folder: Path) -> Tuple[int, ...]:
+def default_sizes(folder: Path) -> Tuple[int, ...]:
     sizes = list(LUMINA_SIZES)
     named = [s for s in sizes if re.search(rf"(?<!\d){s}(?!\d)", folder.name)]
     if named:
@@ -234,7 +234,7 @@ class LuminaMGPTImageModel(ARImageModel):
             vq_config = VQGANConfig.from_yaml(vq_dir / "vqgan.yaml")
         except VQGANLoadError as exc:
             raise ModelLoadError(str(exc)) from None
-        sizes = trained_sizes(_default_sizes(folder)[0])
+        sizes = trained_sizes(default_sizes(folder)[0])
         vocab = LuminaVocabulary(vocabulary_map, vq_config.n_embed, sizes)
         try:
             text_tokenizer = Tokenizer.from_file(str(tokenizer_file))

@@ -131,3 +131,11 @@ def test_captioned_grid_frames_pass_and_fail():
     assert good.all and not bad.all
     assert tuple(grid[4, 4]) == (40, 160, 60) and tuple(grid[4, 140 + 4]) == (200, 40, 40)
     assert (grid[6:134, 6:134] == np.asarray(Image.fromarray(s.image).resize((128, 128), Image.NEAREST))).all()
+
+
+def test_grid_path_keeps_one_file_per_setting():
+    """`--grid` with several CFG/temperature settings writes one grid per setting (it used to keep
+    only the last); with one setting the path is used as given."""
+    assert Q.grid_path("docs/g.png", 2.0, 0.8, several=False).as_posix() == "docs/g.png"
+    paths = {Q.grid_path("docs/g.png", c, t, several=True).as_posix() for c in (1.5, 2.0) for t in (0.8, 1.0)}
+    assert paths == {"docs/g_cfg1.5_t0.8.png", "docs/g_cfg1.5_t1.png", "docs/g_cfg2_t0.8.png", "docs/g_cfg2_t1.png"}

@@ -471,6 +471,15 @@ def captioned_grid(rows, cols: int = 8, scale: int = 3, caption_lines: int = 4) 
     return sheet
 
 
+def grid_path(grid: str, cfg: float, temperature: float, several: bool) -> Path:
+    """``--grid`` as given for one setting; with several, one file per setting
+    (``grid.png`` -> ``grid_cfg2_t0.8.png``), so no setting's grid overwrites another's."""
+    path = Path(grid)
+    if not several:
+        return path
+    return path.with_name(f"{path.stem}_cfg{cfg:g}_t{temperature:g}{path.suffix or '.png'}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """``python -m sjd_pac_core.demo.quality [--calibrate] [--cfg 1 2 3] [--seeds 0 1 2 3]``."""
     import argparse
@@ -512,8 +521,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                             **rates.as_dict(),
                             "images": [{"prompt": p, "seed": s, "failed": c.failed()} for p, s, c, _ in rows]})
             if a.grid:
-                captioned_grid(rows).save(a.grid)
-                print(f"wrote {a.grid}", flush=True)
+                path = grid_path(a.grid, cfg, temperature, several=len(a.cfg or [0]) * len(a.temperature or [0]) > 1)
+                captioned_grid(rows).save(path)
+                print(f"wrote {path}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(records, indent=1))
 

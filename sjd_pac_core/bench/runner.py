@@ -26,6 +26,7 @@ import os
 import platform
 import statistics
 import subprocess
+import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -65,6 +66,8 @@ GENERATE_VARIANTS = ("generate", "generate-static")
 _RULES = ("rejection", "gumbel")
 _COMPILE = ("compile", "compiled")
 _NO_SIDE = ("noside",)  # tree_side_chain=0: the pre-side-chain tree (fewer nodes per pass)
+_TREE_MODIFIER = re.compile(r"([dkf])(\d+)")
+_TREE_KNOBS = {"d": "tree_depth", "k": "tree_width", "f": "tree_first_width"}
 
 # Issue 13's honest baselines: transformers' generate (dynamic cache; static cache; static cache +
 # torch.compile), our AR, SJD and SJD-PAC, each eager and compiled (SamplerConfig(compile=True)).
@@ -86,19 +89,31 @@ class MethodSpec:
     verify: Optional[str] = None
     compiled: bool = False
     no_side_chain: bool = False
+    tree_depth: Optional[int] = None  # :dD, None = the base config's D
+    tree_width: Optional[int] = None  # :kK
+    tree_first_width: Optional[int] = None  # :fF (f0: the first level as wide as the others)
+
+    @property
+    def tree_text(self) -> str:
+        return "".join(f":{letter}{value}" for letter, value in
+                       (("d", self.tree_depth), ("k", self.tree_width), ("f", self.tree_first_width))
+                       if value is not None)
 
     @property
     def key(self) -> str:
         key = self.variant if self.window is None else f"{self.variant}@{self.window}"
         return (key + (f":{self.verify}" if self.verify else "") + (":compile" if self.compiled else "")
-                + (":noside" if self.no_side_chain else ""))
+                + (":noside" if self.no_side_chain else "") + self.tree_text)
 
     @property
     def label(self) -> str:
         name = _VARIANTS[self.variant][3]
         name = name if self.window is None else f"{name} L={self.window}"
+        tree = ", ".join(f"{knob}={value}" for knob, value in
+                         (("D", self.tree_depth), ("K", self.tree_width), ("first K", self.tree_first_width))
+                         if value is not None)
         return (name + (f", {self.verify}" if self.verify else "") + (", compiled" if self.compiled else "")
-                + (", no side chains" if self.no_side_chain else ""))
+                + (", no side chains" if self.no_side_chain else "") + (f", {tree}" if tree else ""))
 
     @property
     def is_ar(self) -> bool:
@@ -120,13 +135,21 @@ class MethodSpec:
         changes["compile"] = self.compiled and not self.is_generate
         if self.no_side_chain:
             changes["tree_side_chain"] = 0
+        if self.tree_depth is not None:
+            changes["tree_depth"] = self.tree_depth
+        if self.tree_width is not None:
+            changes["tree_width"] = self.tree_width
+        if self.tree_first_width is not None:
+            changes["tree_first_width"] = self.tree_first_width or None
         return base.with_(**changes)
 
 
 def parse_method(text: str) -> MethodSpec:
     """'ar', 'sjd@32', 'sjd+pd@64', 'sjd-pac@auto', 'generate', 'generate-static:compile',
     'sjd-pac@64:gumbel', 'ar:compile', 'sjd-pac@32:noside' -> MethodSpec. Modifiers after ':' are
-    a verification rule (rejection, gumbel), compile, and noside (tree_side_chain=0)."""
+    a verification rule (rejection, gumbel), compile, noside (tree_side_chain=0) and a tree shape:
+    dD (depth), kK (width), fF (first level's width; f0 = as wide as the others), e.g.
+    'sjd-pac@32:d2:f8'."""
     head, *modifiers = text.strip().lower().split(":")
     name, _, window = head.partition("@")
     name = _ALIASES.get(name, name)
@@ -136,8 +159,12 @@ def parse_method(text: str) -> MethodSpec:
             "sjd+ac@L or sjd-pac@L (L an integer or auto), optionally with :gumbel / :rejection / :compile, "
             "comma-separated.")
     verify, compiled, no_side = None, False, False
+    tree: dict = {}
     for modifier in modifiers:
-        if modifier in _RULES and verify is None:
+        shape = _TREE_MODIFIER.fullmatch(modifier)
+        if shape and _TREE_KNOBS[shape.group(1)] not in tree:
+            tree[_TREE_KNOBS[shape.group(1)]] = int(shape.group(2))
+        elif modifier in _RULES and verify is None:
             verify = modifier
         elif modifier in _COMPILE and not compiled:
             compiled = True
@@ -145,14 +172,16 @@ def parse_method(text: str) -> MethodSpec:
             no_side = True
         else:
             raise ValueError(f"Modifier {modifier!r} in {text!r}: use at most one of :rejection / :gumbel, "
-                             ":compile and :noside.")
+                             ":compile, :noside, and a tree shape :dD / :kK / :fF.")
+    if tree and name not in ("sjd+pd", "sjd-pac"):
+        raise ValueError(f"{text!r}: a tree shape (:d / :k / :f) needs a method with a tree, sjd+pd or sjd-pac.")
     if name == "generate" and compiled:
         raise ValueError(f"{text!r}: transformers compiles generate only with a static cache; write "
                          "generate-static:compile.")
     if name in AR_VARIANTS:
         if window:
             raise ValueError(f"{_VARIANTS[name][3]} has no window; write {name!r}, not {text!r}.")
-        return MethodSpec(name, None, verify, compiled, no_side)
+        return MethodSpec(name, None, verify, compiled, no_side, **tree)
     if not window:
         raise ValueError(f"Method {text!r} needs a window, e.g. {name}@32 or {name}@auto.")
     if window != "auto":
@@ -162,7 +191,7 @@ def parse_method(text: str) -> MethodSpec:
             raise ValueError(f"Window in {text!r} must be an integer or 'auto'.") from None
         if window < 1:
             raise ValueError(f"Window in {text!r} must be >= 1.")
-    return MethodSpec(name, window, verify, compiled, no_side)
+    return MethodSpec(name, window, verify, compiled, no_side, **tree)
 
 
 def parse_methods(text: str) -> List[MethodSpec]:

@@ -113,7 +113,7 @@ def test_row_tokens_name_each_row_and_round_trip(tmp_path):
     rows.save(str(tmp_path))
     assert DemoVocab.load(str(tmp_path)).row_tokens is True
     legacy = json.loads((tmp_path / "vocab.json").read_text())
-    del legacy["row_tokens"], legacy["image_offset"]
+    del legacy["row_tokens"]
     legacy["image_offset"] = shared.image_offset
     (tmp_path / "vocab.json").write_text(json.dumps(legacy))
     assert DemoVocab.load(str(tmp_path)).row_tokens is False

@@ -24,13 +24,13 @@ import hashlib
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
-import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -67,7 +67,8 @@ _RULES = ("rejection", "gumbel")
 _COMPILE = ("compile", "compiled")
 _NO_SIDE = ("noside",)  # tree_side_chain=0: the pre-side-chain tree (fewer nodes per pass)
 _TREE_MODIFIER = re.compile(r"([dkf])(\d+)")
-_TREE_KNOBS = {"d": "tree_depth", "k": "tree_width", "f": "tree_first_width"}
+# modifier letter -> (MethodSpec / SamplerConfig field, label); one table for parse, key, label, config
+_TREE_KNOBS = {"d": ("tree_depth", "D"), "k": ("tree_width", "K"), "f": ("tree_first_width", "first K")}
 
 # Issue 13's honest baselines: transformers' generate (dynamic cache; static cache; static cache +
 # torch.compile), our AR, SJD and SJD-PAC, each eager and compiled (SamplerConfig(compile=True)).
@@ -93,11 +94,14 @@ class MethodSpec:
     tree_width: Optional[int] = None  # :kK
     tree_first_width: Optional[int] = None  # :fF (f0: the first level as wide as the others)
 
+    def _tree_knobs(self) -> List[Tuple[str, str, str, int]]:
+        """(modifier letter, field, label, value) of every tree knob this row sets."""
+        return [(letter, name, label, getattr(self, name)) for letter, (name, label) in _TREE_KNOBS.items()
+                if getattr(self, name) is not None]
+
     @property
     def tree_text(self) -> str:
-        return "".join(f":{letter}{value}" for letter, value in
-                       (("d", self.tree_depth), ("k", self.tree_width), ("f", self.tree_first_width))
-                       if value is not None)
+        return "".join(f":{letter}{value}" for letter, _, _, value in self._tree_knobs())
 
     @property
     def key(self) -> str:
@@ -109,9 +113,7 @@ class MethodSpec:
     def label(self) -> str:
         name = _VARIANTS[self.variant][3]
         name = name if self.window is None else f"{name} L={self.window}"
-        tree = ", ".join(f"{knob}={value}" for knob, value in
-                         (("D", self.tree_depth), ("K", self.tree_width), ("first K", self.tree_first_width))
-                         if value is not None)
+        tree = ", ".join(f"{label}={value}" for _, _, label, value in self._tree_knobs())
         return (name + (f", {self.verify}" if self.verify else "") + (", compiled" if self.compiled else "")
                 + (", no side chains" if self.no_side_chain else "") + (f", {tree}" if tree else ""))
 
@@ -135,12 +137,9 @@ class MethodSpec:
         changes["compile"] = self.compiled and not self.is_generate
         if self.no_side_chain:
             changes["tree_side_chain"] = 0
-        if self.tree_depth is not None:
-            changes["tree_depth"] = self.tree_depth
-        if self.tree_width is not None:
-            changes["tree_width"] = self.tree_width
-        if self.tree_first_width is not None:
-            changes["tree_first_width"] = self.tree_first_width or None
+        for _, name, _, value in self._tree_knobs():
+            # f0 asks for no separate first-level width (None in SamplerConfig)
+            changes[name] = None if name == "tree_first_width" and value == 0 else value
         return base.with_(**changes)
 
 
@@ -162,8 +161,8 @@ def parse_method(text: str) -> MethodSpec:
     tree: dict = {}
     for modifier in modifiers:
         shape = _TREE_MODIFIER.fullmatch(modifier)
-        if shape and _TREE_KNOBS[shape.group(1)] not in tree:
-            tree[_TREE_KNOBS[shape.group(1)]] = int(shape.group(2))
+        if shape and _TREE_KNOBS[shape.group(1)][0] not in tree:
+            tree[_TREE_KNOBS[shape.group(1)][0]] = int(shape.group(2))
         elif modifier in _RULES and verify is None:
             verify = modifier
         elif modifier in _COMPILE and not compiled:

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from ..demo.model import DemoModel, load_demo
-from ..demo.vocab import EOL, VOCAB_FILE, caption_words
+from ..demo.vocab import VOCAB_FILE, caption_words
 from ..demo.vq import VQ_CONFIG, VQ_WEIGHTS
 from .causal_lm import CausalLMAdapter
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
@@ -34,9 +34,8 @@ class DemoImageModel(ARImageModel):
         self.vocab = demo.vocab
         self.token_model = CausalLMAdapter(demo.model)
         grid = self.vocab.grid
-        row_ends = self.vocab.row_end_ids()
-        self.layout = ImageLayout(rows=grid, cols=grid,
-                                  row_end=tuple(row_ends.tolist()) if self.vocab.row_tokens else EOL)
+        # the vocabulary says which token closes each row (the shared <eol>, or one per row)
+        self.layout = ImageLayout(rows=grid, cols=grid, row_end=tuple(self.vocab.row_end_ids().tolist()))
         image_ids = torch.arange(self.vocab.image_offset, self.vocab.vocab_size)
         self.constraints = self.layout.constraints(self.vocab.vocab_size, image_ids)
 

@@ -253,3 +253,25 @@ def test_compiled_sessions_share_one_cache_capacity_across_prompt_lengths(lm):
     short, longer = PROMPT[:2], torch.cat([PROMPT, PROMPT, PROMPT])
     assert capacity(short, True) == capacity(longer, True) >= 300 + len(longer)
     assert capacity(short, False) != capacity(longer, False)
+
+
+@pytest.mark.slow
+def test_compiled_runs_build_one_graph_per_pass_size_across_prompt_lengths(lm, monkeypatch):
+    """The loop must size a compiled session's cache before the prefill: before this was so,
+    every prompt length got its own capacity, every run recompiled, and a 24-image benchmark hit
+    torch.compile's recompile limit and fell back to eager. Two prompt lengths: two graphs in all,
+    the envelopes 1 + L (chain passes) and 1 + L + side (tree passes) that the warm-up builds."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    monkeypatch.setattr(causal_lm, "COMPILE_BACKEND", counter)
+    adapter = CausalLMAdapter(lm)  # one adapter, as a loaded model keeps
+    config = sp.SamplerConfig(method="sjd_pac", window=8, tree_width=2, verify="gumbel", cfg_scale=2.0, compile=True)
+    envelopes = set()
+    for prompt in (PROMPT, torch.cat([PROMPT, PROMPT, PROMPT])):
+        out = sp.sample_tokens(adapter, prompt, 40, config=config, seed=1, uncond_prompt_ids=UNCOND)
+        envelopes |= {r.envelope for r in out.stats.records[1:]}
+    torch._dynamo.reset()
+    assert envelopes <= {9, 9 + drafters.make_drafter(config).max_side_nodes}
+    assert counter.frame_count == 2  # the warm-up's two envelopes, compiled once for both prompts

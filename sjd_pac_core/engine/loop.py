@@ -201,11 +201,13 @@ class _Decoder:
         try:
             # Size the cache once: the image, the largest pass and the auto window's probe.
             largest_pass = 1 + self.largest_window + self.drafter.max_side_nodes
+            # A compiled run's cache capacity must be set here, before the prefill, so that every
+            # prompt length lands on one capacity and one graph per pass size.
             session.configure(self.num_tokens + max(largest_pass, max(PROBE_SIZES)) + 1,
-                              vocabulary=self.constraints.rows.any(0))
-            state = self._prefill(session, stats, callback)
+                              vocabulary=self.constraints.rows.any(0), compile=self.config.compile)
+            state = self._prefill(session, stats, callback)  # and the auto window's eager probe
             if self.config.compile:
-                session.configure(0, vocabulary=self.constraints.rows.any(0), compile=True)
+                session.start_compiled()
                 stats.warmup_time = self._warm_up(state)
             while not state.done:
                 self._iterate(state, stats, callback)

@@ -36,7 +36,12 @@ class DecoderSession(ABC):
     def configure(self, extra_tokens: int, vocabulary: Optional[torch.Tensor] = None, compile: bool = False) -> None:
         """Hints before the prefill (a session may ignore them): the most entries the run adds
         to the cache after the prompt, the tokens that may ever be sampled (bool [V]), and
-        whether passes run as compiled fixed shapes."""
+        whether passes will run as compiled fixed shapes (a compiled session sizes its cache so
+        that one graph serves every prompt length; passes stay eager until `start_compiled`)."""
+
+    def start_compiled(self) -> None:
+        """Run every later pass compiled (after the prefill and any eager probing; the session
+        was configured with compile=True). A session without compiled passes ignores it."""
 
     @abstractmethod
     def keep(self, nodes: Sequence[int]) -> None:

@@ -88,8 +88,10 @@ class CausalLMSession(DecoderSession):
         if capacity != self.cursor.capacity and self.past == 0:
             self.cursor.capacity = capacity
             self._set_capacity(capacity)
-        self.compiled = compile
         self.adapter.restrict_head(vocabulary)
+
+    def start_compiled(self) -> None:
+        self.compiled = True
 
     def _ensure_capacity(self, needed: int) -> None:
         if needed > self.cursor.capacity:  # only when a caller outgrows what it reserved

@@ -275,3 +275,32 @@ def test_compiled_runs_build_one_graph_per_pass_size_across_prompt_lengths(lm, m
     torch._dynamo.reset()
     assert envelopes <= {9, 9 + drafters.make_drafter(config).max_side_nodes}
     assert counter.frame_count == 2  # the warm-up's two envelopes, compiled once for both prompts
+
+
+@pytest.mark.slow
+def test_compiled_auto_window_keeps_to_its_compiled_sizes_and_the_ar_tokens(lm, monkeypatch):
+    """window="auto" with compile: every pass is padded to one of the few candidate windows the
+    warm-up compiled and timed (before, each new L built a graph, torch.compile hit its limit and
+    fell back to eager), the auto window really moves among them, and the tokens are AR's."""
+    from torch._dynamo.testing import CompileCounter
+
+    from sjd_pac_core.engine.window import COMPILED_CANDIDATE_WINDOWS
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    monkeypatch.setattr(causal_lm, "COMPILE_BACKEND", counter)
+    adapter = CausalLMAdapter(lm)
+    ar = sp.sample_tokens(adapter, PROMPT, 120, config=sp.SamplerConfig(method="ar", verify="gumbel", cfg_scale=2.0),
+                          seed=3, uncond_prompt_ids=UNCOND)
+    config = sp.SamplerConfig(method="sjd_pac", window="auto", tree_width=2, verify="gumbel", cfg_scale=2.0,
+                              compile=True)
+    out = sp.sample_tokens(adapter, PROMPT, 120, config=config, seed=3, uncond_prompt_ids=UNCOND)
+    torch._dynamo.reset()
+    side = drafters.make_drafter(config).max_side_nodes
+    allowed = {1 + w + extra for w in COMPILED_CANDIDATE_WINDOWS for extra in (0, side)}
+    envelopes = [r.envelope for r in out.stats.records[1:]]
+    assert set(envelopes) <= allowed
+    assert counter.frame_count <= len(allowed)  # one graph per size, none rebuilt
+    chosen = {e - 1 - (0 if e - 1 in COMPILED_CANDIDATE_WINDOWS else side) for e in envelopes}
+    assert len(chosen) > 1, "the auto window never moved"
+    assert torch.equal(out.tokens, ar.tokens)

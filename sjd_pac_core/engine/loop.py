@@ -36,7 +36,8 @@ from .stats import PassRecord, RunStats
 from .sync import SyncCounter, copy_to_device, synchronize, to_device
 from .timing import ForwardTimer
 from .verdict import PassOutcome, Verdict, stale_rows, walk
-from .window import CANDIDATE_WINDOWS, PROBE_SIZES, AutoWindow, FixedWindow, measure_cost_curve
+from .window import (AUTO_START_WINDOW, CANDIDATE_WINDOWS, COMPILED_CANDIDATE_WINDOWS, PROBE_SIZES, AutoWindow,
+                     FixedWindow, measure_cost_curve)
 
 
 class GenerationCancelled(RuntimeError):
@@ -178,7 +179,9 @@ class _Decoder:
         self.constraints = ConstraintTable(constraints, self.device)  # masks built once per run
         self.recipe = SamplingRecipe(config.cfg_scale, config.temperature, config.top_k, config.top_p)
         self.drafter = drafters.make_drafter(config)  # looked up per run: the strategy seam
-        largest_window = config.window if isinstance(config.window, int) else max(CANDIDATE_WINDOWS)
+        # The auto window's choices: a compiled run keeps to a few sizes (one graph each).
+        self.candidates = COMPILED_CANDIDATE_WINDOWS if config.compile else CANDIDATE_WINDOWS
+        largest_window = config.window if isinstance(config.window, int) else max(self.candidates)
         self.largest_window = largest_window if config.method != "ar" else 0
         span = largest_window + config.tree_depth + 2  # the most positions one pass touches
         self.rule = rules.make_rule(config.verify, seed, model.vocab_size, self.device,
@@ -226,7 +229,9 @@ class _Decoder:
         p0 = process(logits.unsqueeze(1), pos0, self.recipe, self.constraints)
         committed = torch.zeros(self.num_tokens, dtype=torch.long, device=self.device)
         committed[:1] = self.rule.draw(p0, pos0)
-        if self.config.auto_window:
+        if self.config.auto_window and self.config.compile:
+            self.window_policy = FixedWindow(AUTO_START_WINDOW)  # until the warm-up times the graphs
+        elif self.config.auto_window:
             cost = measure_cost_curve(self.model, session, committed[0])
             self.window_policy = AutoWindow(cost, extra_nodes=self.config.tree_side_nodes)
         target = self._window_target(1)
@@ -267,16 +272,33 @@ class _Decoder:
 
     def _warm_up(self, state: DecodeState) -> float:
         """Compile the pass shapes this run will use (chain and tree passes of the window),
-        outside the timed passes: each runs once on the live cache and is rolled back."""
+        outside the timed passes: each runs on the live cache and is rolled back. With
+        window="auto" that is every candidate window, timed compiled for the auto window's cost
+        curve."""
         start = time.perf_counter()
-        window = max(self.window_policy.next_window(), len(state.draft.window))
-        sizes = {1 + window, 1 + window + self.drafter.max_side_nodes}
-        for size in sorted(sizes):  # two shapes at most
+        side = self.drafter.max_side_nodes
+        if self.config.auto_window:
+            windows = self.candidates
+        else:
+            windows = (max(self.window_policy.next_window(), len(state.draft.window)),)
+        sizes = sorted({1 + w + extra for w in windows for extra in {0, side}})
+        for size in sizes:  # two shapes for a fixed window (chain and tree passes)
             tokens = state.committed[:1].expand(size).contiguous()
-            state.session.forward(tokens, torch.zeros_like(tokens), torch.eye(size, dtype=torch.bool, device=self.device))
+            eye = torch.eye(size, dtype=torch.bool, device=self.device)
+            state.session.forward(tokens, torch.zeros_like(tokens), eye)
             state.session.keep([])  # the warm-up leaves the cache exactly as it was
+        if self.config.auto_window:  # the graphs exist now: time them for the cost curve
+            cost = measure_cost_curve(self.model, state.session, state.committed[0], sizes, compiled=True)
+            self.window_policy = AutoWindow(cost, extra_nodes=side, candidates=self.candidates)
         synchronize(self.device)
         return time.perf_counter() - start
+
+    def _envelope_window(self, drafts: int) -> int:
+        """The window a pass of `drafts` drafts is padded to: itself, or on a compiled auto run
+        the smallest candidate that holds it (a compiled graph exists only for those)."""
+        if self.config.compile and self.config.auto_window:
+            return min((w for w in self.candidates if w >= drafts), default=drafts)
+        return drafts
 
     # --- the stages -------------------------------------------------------------------------
     def _plan(self, state: DecodeState) -> PassPlan:
@@ -289,7 +311,7 @@ class _Decoder:
         side = self.drafter.max_side_nodes if tree is not None else 0
         side_leaves, side_len = (tree.side_leaves, tree.side_len) if tree is not None else ((), 0)
         # The policy's window, not the positions left: the shape stays fixed up to the image's end.
-        envelope = 1 + max(self.window_policy.next_window(), len(window)) + side
+        envelope = 1 + self._envelope_window(max(self.window_policy.next_window(), len(window))) + side
         key = (widths, len(window) - levels, envelope, side_leaves, side_len)
         shape = self.shapes.get(key)
         if shape is None:  # a handful of shapes per run (chain / tree passes, the image's end)

@@ -19,6 +19,10 @@ from ..models.base import DecoderSession, TokenModel
 
 PROBE_SIZES: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 CANDIDATE_WINDOWS: Tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
+# A compiled run builds one graph per pass size: its auto window chooses among a few sizes, each
+# compiled (and timed, compiled) in the warm-up; shorter passes are padded up to one of them.
+COMPILED_CANDIDATE_WINDOWS: Tuple[int, ...] = (8, 16, 32, 64)
+AUTO_START_WINDOW = 16
 
 
 @dataclass(frozen=True)
@@ -43,26 +47,31 @@ class CostCurve:
         return {n: t / self.seconds[0] for n, t in zip(self.sizes, self.seconds)}
 
 
-_COST_CACHE: Dict[Tuple[int, str], CostCurve] = {}
+_CostKey = Tuple[int, str, bool, Tuple[int, ...]]
+_COST_CACHE: Dict[_CostKey, CostCurve] = {}
 
 
-def _cost_key(model: TokenModel) -> Tuple[int, str]:
-    return id(getattr(model, "model", model)), str(model.device)  # the network, not its wrapper
+def _cost_key(model: TokenModel, compiled: bool, sizes: Sequence[int]) -> _CostKey:
+    return id(getattr(model, "model", model)), str(model.device), compiled, tuple(sizes)  # the network, not its wrapper
 
 
-def cached_cost_curve(model: TokenModel) -> Optional[CostCurve]:
-    """The curve `measure_cost_curve` measured for this model and device, if it ran."""
-    return _COST_CACHE.get(_cost_key(model))
+def cached_cost_curve(model: TokenModel, compiled: bool = False,
+                      sizes: Sequence[int] = PROBE_SIZES) -> Optional[CostCurve]:
+    """The curve `measure_cost_curve` measured for this model, device and sizes, if it ran."""
+    return _COST_CACHE.get(_cost_key(model, compiled, sizes))
 
 
 def measure_cost_curve(
-    model: TokenModel, session: DecoderSession, root: torch.Tensor, sizes: Sequence[int] = PROBE_SIZES, repeats: int = 2
+    model: TokenModel, session: DecoderSession, root: torch.Tensor, sizes: Sequence[int] = PROBE_SIZES,
+    repeats: int = 3, compiled: bool = False,
 ) -> CostCurve:
     """Time chain passes of each size on the live session, then drop them from the cache.
 
-    Cached per model and device: the curve is a property of the hardware and model shape.
+    Cached per model, device, compilation and sizes: the curve is a property of the hardware, the
+    model shape and the kernels that run it. On a compiled session the first pass of a size builds its
+    graph; the fastest of `repeats` passes is the one that counts.
     """
-    key = _cost_key(model)
+    key = _cost_key(model, compiled, sizes)
     if key in _COST_CACHE:
         return _COST_CACHE[key]
     seconds = []
@@ -152,7 +161,7 @@ class AutoWindow:
 
     RELATIVE_GAIN = 1e-3
 
-    def __init__(self, cost: CostCurve, extra_nodes: int = 0, start: int = 16, decay: float = 0.9,
+    def __init__(self, cost: CostCurve, extra_nodes: int = 0, start: int = AUTO_START_WINDOW, decay: float = 0.9,
                  candidates: Sequence[int] = CANDIDATE_WINDOWS) -> None:
         self.cost = cost
         self.extra_nodes = extra_nodes  # PD side-branch nodes a pass may carry

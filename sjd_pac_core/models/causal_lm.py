@@ -30,6 +30,8 @@ PLAIN_HEAD_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # torch.compile backend of compiled passes; None = the default (inductor). Tests may use
 # "aot_eager", which traces the same graph without generating kernels.
 COMPILE_BACKEND: Optional[str] = None
+# Graphs one compiled pass function may build (one per pass size and cache capacity).
+COMPILED_GRAPH_LIMIT = 64
 # A compiled pass is specialised to the cache's capacity. Rounding the capacity of compiled
 # sessions up to a multiple of this keeps prompts of different lengths on one graph (the bench
 # recompiled for every new prompt length before); the extra slots stay masked out.
@@ -270,13 +272,18 @@ class CausalLMAdapter(TokenModel):
         """A fixed-shape pass through forward_logits compiled with torch.compile (CUDA graphs on
         a GPU). The graph is built once per adapter and pass size. torch.compile cannot trace
         views of inference tensors, so the pass runs on ordinary copies of its small inputs."""
+        import torch._dynamo  # noqa: F401  (its config; loaded by torch.compile in any case)
+
         if self._compiled is None:
             if COMPILE_BACKEND is not None:
                 self._compiled = torch.compile(self._fixed_shape_step, backend=COMPILE_BACKEND, dynamic=False)
             else:
                 mode = "reduce-overhead" if self.device.type == "cuda" else None
                 self._compiled = torch.compile(self._fixed_shape_step, mode=mode, dynamic=False)
-        with torch.inference_mode(False), torch.no_grad():
+        # One graph per pass size is by design (an auto window has up to eight): allow them all
+        # here rather than fall back to eager at torch.compile's default limit of eight.
+        with torch.inference_mode(False), torch.no_grad(), \
+                torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPH_LIMIT):
             inputs = {name: value.clone() for name, value in inputs.items()}
             return self._compiled(inputs, mask, positions.clone(), cache)
 

@@ -278,6 +278,29 @@ def test_compiled_runs_build_one_graph_per_pass_size_across_prompt_lengths(lm, m
 
 
 @pytest.mark.slow
+def test_a_repeated_compiled_run_skips_the_warm_up_passes(lm, monkeypatch):
+    """The warm-up runs each compiled pass size once per model, not once per image: a second run
+    of the same shapes calls the compiled step exactly once per pass (the first calls it for the
+    warm-up too). The control is the first run itself."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(causal_lm, "COMPILE_BACKEND", "aot_eager")
+    adapter = CausalLMAdapter(lm)
+    calls = []
+    step = adapter.compiled_step
+    monkeypatch.setattr(adapter, "compiled_step", lambda *a, **k: calls.append(1) or step(*a, **k))
+    config = sp.SamplerConfig(method="sjd_pac", window=8, tree_width=2, verify="gumbel", cfg_scale=2.0, compile=True)
+    counts = []
+    for _ in range(2):
+        calls.clear()
+        out = sp.sample_tokens(adapter, PROMPT, 40, config=config, seed=1, uncond_prompt_ids=UNCOND)
+        counts.append((len(calls), len(out.stats.records) - 1))  # compiled calls, passes after the prefill
+    torch._dynamo.reset()
+    (first_calls, first_passes), (second_calls, second_passes) = counts
+    assert first_calls == first_passes + 2  # the warm-up's chain and tree envelopes
+    assert second_calls == second_passes
+
+
+@pytest.mark.slow
 def test_compiled_auto_window_keeps_to_its_compiled_sizes_and_the_ar_tokens(lm, monkeypatch):
     """window="auto" with compile: every pass is padded to one of the few candidate windows the
     warm-up compiled and timed (before, each new L built a graph, torch.compile hit its limit and

@@ -695,14 +695,15 @@ def _spec(key: str) -> Optional[MethodSpec]:
 
 
 def _best(summary: Dict[str, dict], variant: str, field: str, like: Optional[MethodSpec] = None) -> Optional[str]:
-    """The fixed-window row of `variant` with the largest `field` (same rule and compilation as
-    `like` when given)."""
+    """The fixed-window row of `variant` with the largest `field` (same rule, compilation and tree
+    knobs as `like` when given)."""
     keys = []
     for k in summary:
         spec = _spec(k)
         if spec is None or spec.variant != variant or spec.window in (None, "auto"):
             continue
-        if like is not None and (spec.verify, spec.compiled) != (like.verify, like.compiled):
+        if like is not None and (spec.verify, spec.compiled, spec.tree_text) != (like.verify, like.compiled,
+                                                                                   like.tree_text):
             continue
         if summary[k].get(field) is not None:
             keys.append(k)
@@ -770,18 +771,26 @@ def findings(runs: Sequence[RunRecord], summary: Dict[str, dict],
     """Auto window vs the best fixed L (paired per prompt and seed), the two rules side by side,
     seed-exact agreement under gumbel, and the project's targets."""
     out: Dict[str, object] = {}
-    auto = next((k for k in summary if "@auto" in k), None)
-    best_fixed = _best(summary, "sjd-pac", "speedup_median", like=_spec(auto) if auto else None)
-    if auto and best_fixed:
+    autos = [k for k in summary if "@auto" in k]
+    comparisons = []
+    for auto in autos:  # each auto row against the best fixed L of its own variant, rule and compilation
+        spec = _spec(auto)
+        best_fixed = _best(summary, spec.variant, "speedup_median", like=spec) if spec else None
+        if not best_fixed:
+            continue
         q = _quantiles(_paired(runs, best_fixed, auto))
-        out["auto_vs_best_fixed"] = {
+        comparisons.append({
             "auto": auto, "best_fixed": best_fixed,
             "auto_speedup_over_ar": summary[auto].get("speedup_median"),
             "best_fixed_speedup_over_ar": summary[best_fixed].get("speedup_median"),
             "auto_over_best_fixed_median": q["median"], "q25": q["q25"], "q75": q["q75"],
             "auto_slower_than_ar_fraction": summary[auto].get("slower_than_ar_fraction"),
             "auto_median_window": summary[auto]["window_median"],
-        }
+        })
+    if comparisons:
+        out["auto_vs_best_fixed"] = comparisons
+    auto = next((k for k in autos if (_spec(k) or MethodSpec("sjd", 1)).variant == "sjd-pac"),
+                autos[0] if autos else None)
     rules = rule_comparison(runs, summary)
     if rules:
         out["rules"] = rules
@@ -815,11 +824,11 @@ def findings(runs: Sequence[RunRecord], summary: Dict[str, dict],
 
 def findings_markdown(found: Dict[str, object]) -> str:
     lines = []
-    a = found.get("auto_vs_best_fixed")
-    if a:
+    for a in found.get("auto_vs_best_fixed", []):
         lines.append(
-            f"window='auto': {a['auto_speedup_over_ar']:.2f}x over AR (median L {a['auto_median_window']:g}) vs the "
-            f"best fixed L, {_label(a['best_fixed'])}: {a['best_fixed_speedup_over_ar']:.2f}x; paired per prompt, "
+            f"window='auto', {_label(a['auto'])}: {a['auto_speedup_over_ar']:.2f}x over AR (median L "
+            f"{a['auto_median_window']:g}) vs the best fixed L of the same method, {_label(a['best_fixed'])}: "
+            f"{a['best_fixed_speedup_over_ar']:.2f}x; paired per prompt, "
             f"auto / best fixed latency ratio median {a['auto_over_best_fixed_median']:.2f} "
             f"[IQR {a['q25']:.2f}-{a['q75']:.2f}] (> 1 = auto faster); auto slower than AR on "
             f"{100 * (a['auto_slower_than_ar_fraction'] or 0):.0f}% of prompts.")

@@ -282,7 +282,8 @@ class _Decoder:
         else:
             windows = (max(self.window_policy.next_window(), len(state.draft.window)),)
         sizes = sorted({1 + w + extra for w in windows for extra in {0, side}})
-        for size in sizes:  # two shapes for a fixed window (chain and tree passes)
+        for size in [s for s in sizes if not state.session.compiled_shape_ready(s)]:
+            # two shapes for a fixed window (chain and tree passes); none on a repeat run
             tokens = state.committed[:1].expand(size).contiguous()
             eye = torch.eye(size, dtype=torch.bool, device=self.device)
             state.session.forward(tokens, torch.zeros_like(tokens), eye)

@@ -43,6 +43,11 @@ class DecoderSession(ABC):
         """Run every later pass compiled (after the prefill and any eager probing; the session
         was configured with compile=True). A session without compiled passes ignores it."""
 
+    def compiled_shape_ready(self, size: int) -> bool:
+        """Whether a compiled pass of this size already ran on this model with this session's
+        shapes (its graph exists, so a warm-up may skip it). False unless the session compiles."""
+        return False
+
     @abstractmethod
     def keep(self, nodes: Sequence[int]) -> None:
         """Keep the cache entries of these nodes of the last pass (in order), drop the others."""

@@ -162,10 +162,18 @@ class CausalLMSession(DecoderSession):
         self._point(past, size, visible=None if self.compiled else past + size)
         if self.compiled:
             logits = self.adapter.compiled_step(inputs, mask, positions, self.cache)
+            self.adapter.compiled_shapes.add(self._graph_key(size))
         else:
             logits = self.adapter.forward_logits(inputs, mask, positions, self.cache, last_only=False)
         self.last_pass = size
         return logits
+
+    def _graph_key(self, size: int) -> tuple:
+        head = self.adapter.restricted_ids
+        return (self.prompt_ids.shape[0], size, self.cursor.capacity, None if head is None else int(head.numel()))
+
+    def compiled_shape_ready(self, size: int) -> bool:
+        return self.compiled and self._graph_key(size) in self.adapter.compiled_shapes
 
     def keep(self, nodes: Sequence[int]) -> None:
         """Keep these nodes of the last pass: the write pointer moves past them, and only the
@@ -211,6 +219,9 @@ class CausalLMAdapter(TokenModel):
         self.restricted_ids: Optional[torch.Tensor] = None  # restricted head: these rows only
         self.restricted_rows: Optional[torch.Tensor] = None
         self._compiled = None
+        # (rows, pass size, cache capacity, head rows) of every compiled pass run so far: a later
+        # run's warm-up skips those shapes (their graphs exist; running them again costs time).
+        self.compiled_shapes: set = set()
 
     @property
     def device(self) -> torch.device:

@@ -43,7 +43,7 @@ class Shape:
     """A model family's transformer shape and the context a real image generation runs at."""
 
     name: str
-    family: str  # chameleon | emu3
+    family: str  # chameleon | emu3 | llama
     hidden: int
     intermediate: int
     layers: int
@@ -69,6 +69,13 @@ SHAPES = {
     "emu3-gen-8b-720": Shape("emu3-gen-8b-720", "emu3", 4096, 14336, 32, 32, 8, 184622, 32768, 64, 8193,
                              "Emu3-Gen, 720x720"),
 }
+# Issue 13's CPU target: a ~110M-parameter random Llama (12 layers, hidden 768) with an 8,192-code
+# image vocabulary at a 2,400-token context, in fp32 on the CPU: sampler work outside the forward
+# and the bytes compaction moves per tree pass, at L = 64 with a tree.
+CPU_SHAPES = {
+    "llama-110m-2400": Shape("llama-110m-2400", "llama", 768, 2048, 12, 12, 12, 16384, 8192, 64, 2336,
+                             "Llama 110M, 8,192 image codes, 2,400-token context (CPU target)"),
+}
 TINY_SHAPES = {
     "lumina-mgpt-tiny": Shape("lumina-mgpt-tiny", "chameleon", 64, 128, 2, 4, 4, 1024, 256, 8, 56,
                               "tiny Chameleon (CI only)"),
@@ -90,6 +97,14 @@ def build_random_model(shape: Shape, dtype: torch.dtype, device: torch.device):
             config.vq_config.embed_dim = config.vq_config.base_channels = 32
             config.vq_config.num_embeddings = shape.image_vocab
             config.vq_config.channel_multiplier = [1, 1]
+    elif shape.family == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM as cls
+
+        config = LlamaConfig(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                             num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                             num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
+                             max_position_embeddings=shape.context + 256, pad_token_id=0, bos_token_id=1,
+                             eos_token_id=2)
     elif shape.family == "emu3":
         from transformers import Emu3ForCausalLM as cls, Emu3TextConfig
 
@@ -198,6 +213,9 @@ def sampler_overhead(model, shape: Shape, methods: Sequence[str], tokens: int, c
     from ..config import SamplerConfig
 
     base = SamplerConfig(cfg_scale=cfg_scale, temperature=1.0, window=32)
+    rows_per_pass = 2 if cfg_scale != 1.0 else 1
+    kv_bytes_per_token = (rows_per_pass * shape.layers * 2 * shape.kv_heads * (shape.hidden // shape.heads)
+                          * model.dtype.itemsize)
     rows = []
     for key in methods:
         spec = parse_method(key)
@@ -209,10 +227,18 @@ def sampler_overhead(model, shape: Shape, methods: Sequence[str], tokens: int, c
         passes = len(records)
         fwd = sum(r.forward_time for r in records)
         wall = sum(r.wall_time for r in records)
+        tree = [r for r in records if r.tree_nodes > 0]
         rows.append({"method": key, "passes": passes, "tokens": tokens, "step_compression": stats.step_compression,
                      "forward_ms_per_pass": 1000 * fwd / max(1, passes),
                      "overhead_ms_per_pass": 1000 * (wall - fwd) / max(1, passes),
-                     "overhead_pct_of_forward": 100 * (wall - fwd) / fwd if fwd > 0 else None})
+                     "overhead_pct_of_forward": 100 * (wall - fwd) / fwd if fwd > 0 else None,
+                     "tree_passes": len(tree),
+                     "compaction_bytes_max_per_tree_pass": max((r.compaction_bytes for r in tree), default=0),
+                     "compaction_bytes_per_tree_pass": sum(r.compaction_bytes for r in tree) / max(1, len(tree)),
+                     # the issue's bound: accepted tokens x layers x K,V x heads x head_dim x dtype, per CFG row
+                     "compaction_within_bound": sum(r.compaction_bytes <= (r.committed - 1) * kv_bytes_per_token
+                                                    for r in tree),
+                     "kv_bytes_per_token": kv_bytes_per_token})
     return rows
 
 
@@ -253,12 +279,20 @@ def markdown_report(result: Dict[str, object]) -> str:
         for n in curves[0]["ms"]:
             cells = " | ".join(f"{c['ms'][n]:.2f} | {c['ratio'][n]:.2f}" for c in curves)
             lines.append(f"| {n} | {cells} |")
-        lines += ["", "| method (sampler overhead) | passes | forward ms/pass | overhead ms/pass | % of forward |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "| method (sampler overhead) | passes | forward ms/pass | overhead ms/pass | % of forward | "
+                  "tree passes | compaction KB per tree pass, mean / max | within the accepted-tokens bound |",
+                  "|---|---|---|---|---|---|---|---|"]
         for row in shape["overhead"]:
             pct = "-" if row["overhead_pct_of_forward"] is None else f"{row['overhead_pct_of_forward']:.1f}%"
+            tree = row.get("tree_passes", 0)
+            moved = (f"{row['compaction_bytes_per_tree_pass'] / 1024:.0f} / "
+                     f"{row['compaction_bytes_max_per_tree_pass'] / 1024:.0f}") if tree else "-"
+            bound = f"{row['compaction_within_bound']} of {tree}" if tree else "-"
             lines.append(f"| {row['method']} | {row['passes']} | {row['forward_ms_per_pass']:.2f} | "
-                         f"{row['overhead_ms_per_pass']:.2f} | {pct} |")
+                         f"{row['overhead_ms_per_pass']:.2f} | {pct} | {tree} | {moved} | {bound} |")
+        if shape["overhead"] and shape["overhead"][0].get("kv_bytes_per_token"):
+            lines.append(f"\nOne token's keys and values (all layers, CFG rows): "
+                         f"{shape['overhead'][0]['kv_bytes_per_token'] / 1024:.0f} KB.")
         lines.append("")
     if result.get("demo"):
         lines += ["## Demo model rows", "", result["demo"]["markdown"], ""]
@@ -269,8 +303,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="tiny shapes and sizes: runs on a CPU in seconds (CI)")
-    p.add_argument("--shapes", default=None, help=f"comma-separated, from {', '.join(SHAPES)} (default: all)")
+    p.add_argument("--shapes", default=None,
+                   help=f"comma-separated, from {', '.join([*SHAPES, *CPU_SHAPES])} (default: the GPU shapes); "
+                        f"{', '.join(CPU_SHAPES)} runs on a CPU in fp32")
     p.add_argument("--max-window", type=int, default=None, help="curve for L = 1..this (default 96; tiny 8)")
+    p.add_argument("--windows", default=None, help="curve at these L only, comma-separated (overrides --max-window)")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds per L (default 5; tiny 2)")
     p.add_argument("--context-fractions", default="0.5,1.0",
                    help="where in the image the curve is measured: fractions of the image tokens done")
@@ -290,15 +327,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .runner import BASELINE_METHODS
 
     device = resolve_device(args.device)
-    if device.type != "cuda" and not args.tiny:
-        raise SystemExit(f"device {device} is not a GPU: the 7B shapes need one; add --tiny for the CPU check.")
-    table = TINY_SHAPES if args.tiny else SHAPES
-    names = [s.strip() for s in (args.shapes or ",".join(table)).split(",") if s.strip()]
+    table = TINY_SHAPES if args.tiny else {**SHAPES, **CPU_SHAPES}
+    names = [s.strip() for s in (args.shapes or ",".join(TINY_SHAPES if args.tiny else SHAPES)).split(",")
+             if s.strip()]
     unknown = [n for n in names if n not in table]
     if unknown:
         raise SystemExit(f"unknown shape {unknown[0]!r}; choose from {', '.join(table)}.")
-    dtype = torch.bfloat16
-    largest = args.max_window or (8 if args.tiny else 96)
+    if device.type != "cuda" and not args.tiny and any(n in SHAPES for n in names):
+        raise SystemExit(f"device {device} is not a GPU: the 7B shapes need one; add --tiny for the CPU check, "
+                         f"or --shapes {', '.join(CPU_SHAPES)} for the CPU target.")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # CPUs run the fp32 the CPU target names
+    windows = ([int(w) for w in args.windows.split(",")] if args.windows
+               else list(range(1, (args.max_window or (8 if args.tiny else 96)) + 1)))
+    largest = max(windows)
     rounds = args.rounds or (2 if args.tiny else 5)
     fractions = [float(f) for f in args.context_fractions.split(",")]
     overhead_tokens = args.overhead_tokens or (8 if args.tiny else 256)
@@ -307,7 +348,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         overhead_methods += [f"{m}:compile" for m in overhead_methods if ":compile" not in m]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result: Dict[str, object] = {"environment": _environment(device), "dtype": "bf16", "tiny": args.tiny,
+    result: Dict[str, object] = {"environment": _environment(device), "dtype": str(dtype).replace("torch.", ""),
+                                 "tiny": args.tiny,
                                  "shapes": [], "demo": None}
     start = time.perf_counter()
     for name in names:
@@ -317,8 +359,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         curves = []
         for f in fractions:
             context = shape.prompt_tokens + max(1, int(round(f * shape.image_tokens)) - largest)
-            print(f"  window-cost curve at context {context}, L=1..{largest}", flush=True)
-            curves.append(window_cost_curve(model, shape, list(range(1, largest + 1)), context, rows=2,
+            print(f"  window-cost curve at context {context}, L in {windows[0]}..{largest}", flush=True)
+            curves.append(window_cost_curve(model, shape, windows, context, rows=2,
                                             rounds=rounds, device=device))
         print(f"  sampler overhead: {', '.join(overhead_methods)}", flush=True)
         with warnings.catch_warnings():

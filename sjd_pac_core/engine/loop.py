@@ -245,7 +245,7 @@ class _Decoder:
         return state
 
     def _iterate(self, state: DecodeState, stats: RunStats, callback: Optional[Callback]) -> None:
-        start, syncs = time.perf_counter(), SyncCounter.count
+        start, syncs, moved = time.perf_counter(), SyncCounter.count, state.session.compaction_bytes
         plan = self._plan(state)
         logits = self._forward(state, plan)
         verdict = self._verify(state, plan, logits)
@@ -268,7 +268,7 @@ class _Decoder:
                      window=len(window), tree_nodes=layout.num_nodes - 1 - len(window),
                      first_reject=outcome.accepted if outcome.rejected else -1,
                      kept_by_ac=state.draft.kept_by_ac if not state.done else 0, branch=outcome.branch,
-                     envelope=plan.shape.envelope)
+                     envelope=plan.shape.envelope, compaction_bytes=state.session.compaction_bytes - moved)
 
     def _warm_up(self, state: DecodeState) -> float:
         """Compile the pass shapes this run will use (chain and tree passes of the window),

@@ -22,6 +22,7 @@ class PassRecord:
     forward_time: float  # seconds inside the model's forward (CUDA events on a GPU)
     envelope: int = 0  # nodes fed, padding included (the pass's fixed shape; 0 for the prefill)
     host_syncs: int = 0  # device-to-host syncs the pass made (one)
+    compaction_bytes: int = 0  # key/value bytes copied to compact the cache after this pass
 
 
 @dataclass

@@ -43,6 +43,11 @@ class DecoderSession(ABC):
         """Run every later pass compiled (after the prefill and any eager probing; the session
         was configured with compile=True). A session without compiled passes ignores it."""
 
+    @property
+    def compaction_bytes(self) -> int:
+        """Bytes of keys and values the session has copied to compact its cache (0 if it never does)."""
+        return 0
+
     def compiled_shape_ready(self, size: int) -> bool:
         """Whether a compiled pass of this size already ran on this model with this session's
         shapes (its graph exists, so a warm-up may skip it). False unless the session compiles."""

@@ -131,9 +131,21 @@ class _Survival:
         seen = [e / r for e, r in zip(self.events, self.at_risk) if r > 0.5]
         return sum(seen) / len(seen) if seen else None
 
+    def tail_hazard(self) -> Optional[float]:
+        """The hazard pooled over the deeper half of the positions seen: what lies beyond them.
+
+        Not the mean over all positions: a draft's first position is rejected far more often
+        than a deep one (its context changed the most), so the mean overstates the hazard past
+        the window, and a window once shrunk would never see the longer runs that would grow it."""
+        seen = [k for k, r in enumerate(self.at_risk) if r > 0.5]
+        if not seen:
+            return None
+        deep = seen[len(seen) // 2:]
+        return sum(self.events[k] for k in deep) / sum(self.at_risk[k] for k in deep)
+
     def hazards(self, prior: float = 0.5) -> Callable[[int], float]:
-        """k -> hazard at k; where too little is seen, the mean hazard (else `prior`)."""
-        tail = self.mean_hazard()
+        """k -> hazard at k; where too little is seen, the tail hazard (else `prior`)."""
+        tail = self.tail_hazard()
         tail = prior if tail is None else tail
         tail = min(max(tail, 0.02), 1.0)
 
@@ -150,7 +162,8 @@ class AutoWindow:
     With A the drafts a pass accepts before its first rejection, a pass of window L commits
     about 1 + sum_{k=1..L} P(A >= k) tokens. P(A >= k) comes from hazards P(A = k | A >= k),
     counted over this run's passes (recent passes weigh more, since drafts improve as the image
-    fills in); beyond the longest run seen, the mean hazard extrapolates. A pass with a Proactive
+    fills in); beyond the longest run seen, the hazard of the deeper positions seen extrapolates (see
+    `_Survival.tail_hazard`). A pass with a Proactive
     Drafting tree is counted in two tables: its tree levels (how far the path got through them),
     and, when the path got through the tree, its run along the chain after it. P(A >= k) past
     the tree is P(through the tree) x P(chain run >= k - levels); a chain never reached is

@@ -126,6 +126,9 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, default=None)
     g.add_argument("--top-k", type=int, default=None, help="0 = off")
     g.add_argument("--top-p", type=float, default=None, help="1 = off")
+    g.add_argument("--compile", action="store_true",
+                   help="compile the fixed-shape forward pass with torch.compile: faster passes after a "
+                        "first run that compiles (about 6 s per pass shape on a CPU, cached on disk)")
 
 
 def _config_from_args(args, defaults=None):
@@ -135,7 +138,7 @@ def _config_from_args(args, defaults=None):
         tree_width=args.tree_width, tree_side_chain=args.side_chain, verify=args.verify, cfg_scale=args.cfg,
         temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p,
-        adaptive_continuation=not args.no_ac, proactive_drafting=not args.no_pd,
+        adaptive_continuation=not args.no_ac, proactive_drafting=not args.no_pd, compile=args.compile,
     )
 
 

@@ -93,6 +93,7 @@ def config_from_settings(
     top_p: object = None,
     adaptive_continuation: bool = True,
     proactive_drafting: bool = True,
+    compile: object = None,
 ) -> SamplerConfig:
     """User settings -> a validated SamplerConfig; anything left empty takes `defaults`.
 
@@ -122,7 +123,20 @@ def config_from_settings(
     if not _empty(top_p):
         p = real_number(top_p, "top-p", "1.0 (off)")
         values["top_p"] = None if p >= 1.0 else p
+    if not _empty(compile):
+        values["compile"] = switch(compile, "compile")
     return base.with_(**values)
+
+
+def switch(value: object, name: str) -> bool:
+    """An on/off setting: True/False, 1/0 or "true"/"false" (any case); anything else is refused by name."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "on", "off"):
+        return value.strip().lower() in ("true", "1", "on")
+    raise ConfigError(f"{name} must be on or off (true/false), got {value!r}; try false.")
 
 
 def pointless_setting_warnings(config: SamplerConfig) -> List[str]:
@@ -163,6 +177,8 @@ def settings_line(config: SamplerConfig, threads: Optional[int] = None) -> str:
     if config.top_p is not None:
         parts.append(f"top-p {config.top_p:g}")
     parts.append(f"verify {config.verify}")
+    if config.compile:
+        parts.append("compiled")
     if threads is not None:
         parts.append(f"{threads} CPU thread{'s' if threads != 1 else ''}")
     return ", ".join(parts)

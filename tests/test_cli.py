@@ -150,3 +150,16 @@ def test_app_without_gradio_says_how_to_install_it(monkeypatch, capsys):
     monkeypatch.delitem(sys.modules, "sjd_pac_app.app", raising=False)
     assert app_main.main(["--port", "0"]) == 2
     assert "pip install 'sjd-pac[app]'" in capsys.readouterr().err
+
+
+def test_compile_flag_reaches_the_sampler_config_and_the_bench_rows():
+    from sjd_pac_core.bench.cli import _grid_from_args
+    from sjd_pac_core.cli import _config_from_args, build_parser
+
+    args = build_parser().parse_args(["generate", "a red square", "--compile"])
+    assert _config_from_args(args).compile is True
+    assert _config_from_args(build_parser().parse_args(["generate", "a red square"])).compile is False
+    argv = ["bench", "--methods", "generate,ar,sjd-pac@32", "--compile"]
+    bench = build_parser(argv).parse_args(argv)
+    assert [(s.key, s.compiled) for s in _grid_from_args(bench, "ar")] == [
+        ("generate", False), ("ar:compile", True), ("sjd-pac@32:compile", True)]

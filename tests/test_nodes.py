@@ -294,6 +294,17 @@ def test_tree_width_error_is_one_sentence_shown_once(pack):
     assert sampler.validate_knobs(**{**GOOD, "top_k": None}) is True  # linked: checked at run time
 
 
+def test_compile_is_an_optional_sampler_switch(pack):
+    """Optional, so workflows saved before it still validate; it reaches the SamplerConfig."""
+    types = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"].INPUT_TYPES()
+    assert "compile" not in types["required"] and types["optional"]["compile"][0] == "BOOLEAN"
+    sampler = submodule("sampler")
+    assert sampler.make_config("sjd_pac", 32, 3, 4, "rejection", 2.0, 1.0, 0, 1.0, compile=True).compile is True
+    assert sampler.make_config("sjd_pac", 32, 3, 4, "rejection", 2.0, 1.0, 0, 1.0).compile is False
+    assert sampler.validate_knobs(**{**GOOD, "compile": True}) is True
+    assert "true or false" in sampler.validate_knobs(**{**GOOD, "compile": "yes"})
+
+
 def test_tree_widgets_cannot_exceed_the_budget(pack):
     from sjd_pac_core.config import MAX_TREE_NODES, SamplerConfig, max_tree_depth, tree_node_count
 

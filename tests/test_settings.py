@@ -25,9 +25,18 @@ def test_ui_conventions():
     assert config.tree_depth == 3 and isinstance(config.tree_depth, int) and config.cfg_scale == 1.5
 
 
+def test_compile_switch_reaches_the_config_from_every_front_end_spelling():
+    assert config_from_settings(DEMO_LIKE).compile is False
+    assert config_from_settings(DEMO_LIKE, compile="").compile is False  # empty: the default
+    for on, off in [(True, False), ("true", "false"), (1, 0), ("ON", "off")]:
+        assert config_from_settings(DEMO_LIKE, compile=on).compile is True
+        assert config_from_settings(DEMO_LIKE, compile=off).compile is False
+
+
 @pytest.mark.parametrize("field, value, named", [
     ("window", 2.5, "window (L)"), ("tree_depth", "x", "tree depth (D)"), ("cfg_scale", float("nan"), "CFG scale"),
     ("temperature", float("inf"), "temperature"), ("top_k", 1.5, "top-k"), ("window", True, "window (L)"),
+    ("compile", "maybe", "compile"), ("compile", 2, "compile"),
 ])
 def test_bad_settings_name_the_field(field, value, named):
     with pytest.raises(sp.ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):

@@ -18,6 +18,7 @@ import argparse
 import json
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
@@ -133,6 +134,13 @@ def _split(text: Optional[str]) -> List[str]:
 
 
 def _grid_from_args(args, default: str) -> List[MethodSpec]:
+    specs = _grid_before_compile(args, default)
+    if getattr(args, "compile", False):  # --compile: every row of ours compiled (generate rows say it themselves)
+        specs = [s if s.variant.startswith("generate") else replace(s, compiled=True) for s in specs]
+    return specs
+
+
+def _grid_before_compile(args, default: str) -> List[MethodSpec]:
     rules = _split(getattr(args, "rules", None))
     bad = sorted(set(rules) - {"rejection", "gumbel"})
     if bad:

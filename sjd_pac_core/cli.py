@@ -120,8 +120,9 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
                         "cheaper on a CPU)")
     g.add_argument("--no-ac", action="store_true", help="switch Adaptive Continuation off")
     g.add_argument("--no-pd", action="store_true", help="switch Proactive Drafting off")
-    g.add_argument("--verify", choices=["rejection", "gumbel"], default="rejection",
-                   help="gumbel = seed-exact: every method gives AR's exact picture for a seed")
+    g.add_argument("--verify", choices=["rejection", "gumbel"], default="gumbel",
+                   help="gumbel (default) = seed-exact: every method gives AR's picture for a seed; "
+                        "rejection = the paper's speculative rejection sampling (both exact in distribution)")
     g.add_argument("--cfg", type=float, default=None, help="classifier-free guidance scale")
     g.add_argument("--temperature", type=float, default=None)
     g.add_argument("--top-k", type=int, default=None, help="0 = off")

@@ -144,6 +144,13 @@ class TableModel(TokenModel):
         return TableSession([self.tables_by_prompt[tuple(p.tolist())] for p in prompts])
 
 
+def RejectionConfig(**fields) -> sp.SamplerConfig:
+    """A SamplerConfig under the rejection rule. The statistical tests of the rejection rule (its
+    planted faults live in the residual and the tree's recursion, and their sample sizes were set
+    for it) pin it, since the default rule is gumbel."""
+    return sp.SamplerConfig(**{"verify": "rejection", **fields})
+
+
 def draw_samples(model, prompt, num_tokens, config, samples, uncond=None, allowed=None, seed0=0):
     counts: Dict[Tuple[int, ...], int] = {}
     for s in range(samples):

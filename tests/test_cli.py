@@ -111,7 +111,7 @@ def test_generate_summary_names_the_settings_and_threads(tmp_path, capsys):
     assert rc == 0, captured.err
     assert "does not know" not in captured.err  # the trailing full stop is not part of a word
     settings = next(line for line in captured.out.splitlines() if line.startswith("settings:"))
-    for part in ("method sjd_pac", "L 32", "D 3, K 4", "CFG 2", "temperature 0.8", "verify rejection",
+    for part in ("method sjd_pac", "L 32", "D 3, K 4", "CFG 2", "temperature 0.8", "verify gumbel",
                  "1 CPU thread", "seed 1"):
         assert part in settings, settings
     assert "tokens per forward pass" in captured.out

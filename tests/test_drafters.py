@@ -12,6 +12,7 @@ import torch
 
 import sjd_pac_core as sp
 from exactness_tools import (
+    RejectionConfig,
     SecondOrderChain,
     SecondOrderModel,
     TableModel,
@@ -46,19 +47,19 @@ def tiny():
 # numbers in the commit that set the sizes); the defaults' tree keeps its large run.
 CASES = {
     "tree_every_pass_K2_D3_L3": (
-        sp.SamplerConfig(window=3, tree_width=2, tree_every_pass=True, tree_first_width=None), 4000,
+        RejectionConfig(window=3, tree_width=2, tree_every_pass=True, tree_first_width=None), 4000,
     ),
     "tree_after_rejection_first_level_3_K2_D4_cfg": (
-        sp.SamplerConfig(window=3, tree_width=2, tree_depth=4, tree_first_width=3, cfg_scale=2.0,
-                         tree_every_pass=False), 4000,
+        RejectionConfig(window=3, tree_width=2, tree_depth=4, tree_first_width=3, cfg_scale=2.0,
+                        tree_every_pass=False), 4000,
     ),
     # The defaults' tree (every pass, first level 8 clamped to V = 3, then K = 2). Seeds 0-9999 gave
     # p = 7.6e-4 (TV 1.2x noise) here, seeds 50000+ p = 0.15; this run (20000 samples, seeds
     # 200000+) p = 0.50, TV 0.97x noise. The paper's PD with K = V, 20000 samples: p = 0.013.
-    "defaults_first_level_clamped_to_vocabulary_K2": (sp.SamplerConfig(window=4, tree_width=2), 20000, 200000),
+    "defaults_first_level_clamped_to_vocabulary_K2": (RejectionConfig(window=4, tree_width=2), 20000, 200000),
     "tree_every_pass_K2_D4_L8_no_ac": (
-        sp.SamplerConfig(window=8, tree_width=2, tree_depth=4, tree_every_pass=True,
-                         adaptive_continuation=False), 4000,
+        RejectionConfig(window=8, tree_width=2, tree_depth=4, tree_every_pass=True,
+                        adaptive_continuation=False), 4000,
     ),
     "tree_every_pass_first_level_3_D2_gumbel": (
         sp.SamplerConfig(window=4, tree_depth=2, tree_width=1, tree_first_width=3, tree_every_pass=True,
@@ -105,7 +106,7 @@ class _GreedyFirstDraft(drafters.EveryPassTreeDrafter):
 
 
 def test_negative_control_greedy_tree_draft_is_caught(tiny, monkeypatch):
-    config = sp.SamplerConfig(window=3, tree_width=2, tree_every_pass=True, tree_first_width=None)
+    config = RejectionConfig(window=3, tree_width=2, tree_every_pass=True, tree_first_width=None)
     monkeypatch.setattr(drafters, "make_drafter",
                         lambda c: _GreedyFirstDraft(True, True, c.tree_depth, c.tree_width, c.tree_widths))
     p_value, tv, noise = _check(tiny, config, 3000, seed0=10**6)
@@ -154,7 +155,7 @@ def test_drafting_benchmark_classifies_where_a_pass_stopped():
 
 SIDE_V, SIDE_N = 4, 8
 SIDE_PROFILE = (2.0, 1.0, 0.0, -1.0)
-SIDE_CONFIG = sp.SamplerConfig(window=7, tree_depth=3, tree_width=3, tree_first_width=3, tree_side_chain=4)
+SIDE_CONFIG = RejectionConfig(window=7, tree_depth=3, tree_width=3, tree_first_width=3, tree_side_chain=4)
 SIDE_CHAIN_USE_MIN = 0.12  # tree passes that verified a draft on a side chain's own nodes
 SIDE_SAMPLES = 800
 SIDE_P_PLANTED_MAX = 1e-6

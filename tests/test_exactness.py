@@ -21,6 +21,7 @@ import sjd_pac_core.sampling.rules as rules
 from exactness_tools import (
     MarkovChain,
     MarkovModel,
+    RejectionConfig,
     TableModel,
     compare,
     conditional_logits,
@@ -51,6 +52,7 @@ def tiny():
 
 FORCED = TokenConstraints(V, N, forced=torch.tensor([-1, -1, 1, -1, -1]))
 
+
 # Sample sizes: each case keeps the power to fail the planted faults that reach its code path
 # (residual replaced by p for a chain that rejects, last accepted candidate wins for a tree,
 # a greedy first tree draft for the every-pass tree), measured at these sizes with seeds 10**6+:
@@ -58,26 +60,34 @@ FORCED = TokenConstraints(V, N, forced=torch.tensor([-1, -1, 1, -1, -1]))
 # samples (every case's numbers are in the commit that set them). "ar" has no drafts (no fault
 # reaches it): it checks the harness against the sampler's plain draws.
 CASES = {
-    "ar": (sp.SamplerConfig(method="ar"), None, 4000),
-    "sjd_L2_shorter_than_sequence": (sp.SamplerConfig(method="sjd", window=2), None, 3000),
-    "sjd_L8_longer_than_sequence": (sp.SamplerConfig(method="sjd", window=8), None, 3000),
-    "sjd_uniform_init": (sp.SamplerConfig(method="sjd", window=4, init_proposal="uniform"), None, 3000),
-    "sjd_ac_only": (sp.SamplerConfig(method="sjd_pac", window=3, proactive_drafting=False), None, 3000),
+    "ar": (RejectionConfig(method="ar"), None, 4000),
+    "sjd_L2_shorter_than_sequence": (RejectionConfig(method="sjd", window=2), None, 3000),
+    "sjd_L8_longer_than_sequence": (RejectionConfig(method="sjd", window=8), None, 3000),
+    "sjd_uniform_init": (RejectionConfig(method="sjd", window=4, init_proposal="uniform"), None, 3000),
+    "sjd_ac_only": (RejectionConfig(method="sjd_pac", window=3, proactive_drafting=False), None, 3000),
     "sjd_pd_only_K2_D3": (
-        sp.SamplerConfig(method="sjd_pac", window=3, tree_width=2, adaptive_continuation=False), None, 4000,
+        RejectionConfig(method="sjd_pac", window=3, tree_width=2, adaptive_continuation=False), None, 4000,
     ),
-    "sjd_pac_K3_D3_L8": (sp.SamplerConfig(method="sjd_pac", window=8, tree_width=3), None, 4000),
+    "sjd_pac_K3_D3_L8": (RejectionConfig(method="sjd_pac", window=8, tree_width=3), None, 4000),
     # top-k 2: the tree's levels cover the whole support, so a residual is never drawn from (the
     # planted residual fault changed 0 of 400 samples); the tree faults fail it at 1000.
     "sjd_pac_K2_D4_cfg_topk_forced": (
-        sp.SamplerConfig(method="sjd_pac", window=3, tree_width=2, tree_depth=4, cfg_scale=2.0, top_k=2),
+        RejectionConfig(method="sjd_pac", window=3, tree_width=2, tree_depth=4, cfg_scale=2.0, top_k=2),
         FORCED, 6000,
     ),
-    "sjd_pac_auto_window": (sp.SamplerConfig(method="sjd_pac", window="auto", tree_width=2), None, 3000),
+    "sjd_pac_auto_window": (RejectionConfig(method="sjd_pac", window="auto", tree_width=2), None, 3000),
     "sjd_pac_top_p_temperature": (
-        sp.SamplerConfig(method="sjd_pac", window=4, tree_width=2, top_p=0.8, temperature=1.5), None, 3000,
+        RejectionConfig(method="sjd_pac", window=4, tree_width=2, top_p=0.8, temperature=1.5), None, 3000,
+    ),
+    # The default rule: over seeds, argmax(log p + G) is an exact draw (token identity with AR
+    # is test_seed_exact's; this checks the distribution itself, trees and CFG included).
+    "gumbel_sjd_pac_K3_D3_L8": (sp.SamplerConfig(method="sjd_pac", window=8, tree_width=3), None, 3000),
+    "gumbel_sjd_pac_K2_D4_cfg_topk_forced": (
+        sp.SamplerConfig(method="sjd_pac", window=3, tree_width=2, tree_depth=4, cfg_scale=2.0, top_k=2),
+        FORCED, 3000,
     ),
 }
+assert all(config.verify == "gumbel" for name, (config, _, _) in CASES.items() if name.startswith("gumbel"))
 
 
 def _check(tiny, config, constraints, samples, model=None, seed0=0):
@@ -104,7 +114,7 @@ def test_sjd_pac_with_the_real_model_and_kv_cache_matches_the_exact_joint():
     model = tiny_causal_lm(V)
     cond = conditional_logits(model, PROMPT, V, n)
     uncond = conditional_logits(model, UNCOND, V, n)
-    config = sp.SamplerConfig(method="sjd_pac", window=3, tree_width=2, cfg_scale=2.0)
+    config = RejectionConfig(method="sjd_pac", window=3, tree_width=2, cfg_scale=2.0)
     joint = exact_joint([cond, uncond], V, n, config)
     counts = draw_samples(model, PROMPT, n, config, 3000, uncond=UNCOND)
     p_value, tv, noise = compare(counts, joint)
@@ -124,13 +134,21 @@ def _last_accepted_wins(flags):  # a later accepted candidate (a longer path) be
     return torch.where(flags.any(-1), last, torch.full_like(last, -1))
 
 
+_true_gumbel_noise = rules.gumbel_noise
+
+
+def _noise_shared_by_positions(seed, positions, vocab_size):  # one G for every position of a seed
+    return _true_gumbel_noise(seed, torch.zeros_like(positions), vocab_size)
+
+
 @pytest.mark.parametrize(
     "patch,config",
     [
-        (("residual", _residual_is_p), sp.SamplerConfig(method="sjd", window=4)),
-        (("first_true", _last_accepted_wins), sp.SamplerConfig(method="sjd_pac", window=3, tree_width=3)),
+        (("residual", _residual_is_p), RejectionConfig(method="sjd", window=4)),
+        (("first_true", _last_accepted_wins), RejectionConfig(method="sjd_pac", window=3, tree_width=3)),
+        (("gumbel_noise", _noise_shared_by_positions), sp.SamplerConfig(method="sjd_pac", window=3, tree_width=3)),
     ],
-    ids=["residual_replaced_by_p", "last_accepted_candidate_wins"],
+    ids=["residual_replaced_by_p", "last_accepted_candidate_wins", "gumbel_noise_shared_by_positions"],
 )
 def test_negative_control_planted_bug_is_caught(tiny, monkeypatch, patch, config):
     monkeypatch.setattr(rules, patch[0], patch[1])
@@ -157,11 +175,11 @@ SIDE_BRANCH_SHARE_MIN = 0.2
 P_VALUE_PLANTED_MAX = 1e-6
 
 PD_CASES = {
-    "K3_one_level": (sp.SamplerConfig(method="sjd_pac", window=8, tree_width=3, tree_depth=2), 1500),
-    "K3_two_levels": (sp.SamplerConfig(method="sjd_pac", window=8, tree_width=3, tree_depth=3), 1500),
-    "K4_one_level": (sp.SamplerConfig(method="sjd_pac", window=8, tree_width=4, tree_depth=2), 1500),
+    "K3_one_level": (RejectionConfig(method="sjd_pac", window=8, tree_width=3, tree_depth=2), 1500),
+    "K3_two_levels": (RejectionConfig(method="sjd_pac", window=8, tree_width=3, tree_depth=3), 1500),
+    "K4_one_level": (RejectionConfig(method="sjd_pac", window=8, tree_width=4, tree_depth=2), 1500),
     "K4_two_levels_top_k": (
-        sp.SamplerConfig(method="sjd_pac", window=8, tree_width=4, tree_depth=3, top_k=5), 1500,
+        RejectionConfig(method="sjd_pac", window=8, tree_width=4, tree_depth=3, top_k=5), 1500,
     ),
 }
 # The planted sibling bugs run on the one-level K = 4 tree (three siblings per level, the most

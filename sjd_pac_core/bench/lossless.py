@@ -2,7 +2,7 @@
 
     sjd-pac lossless                      # or: sjd-pac bench --check-lossless
 
-1. Distribution (verify="rejection", the default rule): draw a few hundred images with plain AR
+1. Distribution (verify="rejection", the paper's rule): draw a few hundred images with plain AR
    and with each method (a few prompts x many seeds; disjoint seeds, so the two samples are
    independent), then compare
    * per-position token frequencies: a chi-square homogeneity test at each of the image's code

@@ -387,13 +387,14 @@ def environment(model: ARImageModel) -> Dict[str, object]:
     return env
 
 
-def _cost_curve(model: ARImageModel) -> Optional[Dict[int, float]]:
-    from ..engine.window import cached_cost_curve
+def _cost_curves(model: ARImageModel) -> Dict[str, Dict[int, float]]:
+    """Milliseconds per pass of n nodes, as the auto window measured them (eager and compiled),
+    if it ran: what a pass costs on this machine."""
+    from ..engine.window import measured_cost_curves
 
-    curve = cached_cost_curve(model.token_model)  # measured by the auto window, if it ran
-    if curve is None:
-        return None
-    return {n: round(1000 * t, 3) for n, t in zip(curve.sizes, curve.seconds)}
+    return {("auto_cost_curve_compiled_ms" if compiled else "auto_cost_curve_ms"):
+            {n: round(1000 * t, 3) for n, t in zip(curve.sizes, curve.seconds)}
+            for compiled, curve in measured_cost_curves(model.token_model).items()}
 
 
 def _sync(model: ARImageModel) -> None:
@@ -450,9 +451,7 @@ def run_bench(
             run(spec, 0, 10_000_019, 0)  # also compiles the compiled rows, outside the timed runs
         _sync(model)
     result.warmup_s = time.perf_counter() - t0
-    curve = _cost_curve(model)
-    if curve is not None:  # what window="auto" believes a pass costs on this machine
-        result.environment["auto_cost_curve_ms"] = curve
+    result.environment.update(_cost_curves(model))  # what window="auto" believes a pass costs here
 
     pairs = [(i, s) for i in range(len(prompts)) for s in seeds]
     bar = tqdm(total=len(pairs) * len(methods), unit="run", desc="bench", disable=not progress)
@@ -612,6 +611,9 @@ def header_text(result: BenchResult) -> str:
         f"D={cfg['tree_depth']}, K={cfg['tree_width']}; {recipe}; "
         f"{env['date_utc']}, commit {env.get('git_commit')}, torch {env['torch']}; "
         f"benchmark {result.total_s / 60:.1f} min (warm-up {result.warmup_s:.0f} s)"
+        + "".join(f"\nforward ms per pass of n nodes ({'compiled' if 'compiled' in key else 'eager'}, as the auto "
+                  f"window measured it): " + ", ".join(f"t({n}) = {ms:.2f}" for n, ms in env[key].items())
+                  for key in ("auto_cost_curve_ms", "auto_cost_curve_compiled_ms") if env.get(key))
     )
 
 

@@ -61,6 +61,18 @@ def cached_cost_curve(model: TokenModel, compiled: bool = False,
     return _COST_CACHE.get(_cost_key(model, compiled, sizes))
 
 
+def measured_cost_curves(model: TokenModel) -> Dict[bool, CostCurve]:
+    """Every curve measured for this model on its device, by compilation (False: eager passes),
+    the sizes of several measurements merged (for reports)."""
+    network, device = _cost_key(model, False, ())[:2]
+    merged: Dict[bool, Dict[int, float]] = {}
+    for (net, dev, compiled, _), curve in _COST_CACHE.items():
+        if (net, dev) == (network, device):
+            merged.setdefault(compiled, {}).update(zip(curve.sizes, curve.seconds))
+    return {compiled: CostCurve(tuple(sorted(points)), tuple(points[n] for n in sorted(points)))
+            for compiled, points in merged.items()}
+
+
 def measure_cost_curve(
     model: TokenModel, session: DecoderSession, root: torch.Tensor, sizes: Sequence[int] = PROBE_SIZES,
     repeats: int = 3, compiled: bool = False,

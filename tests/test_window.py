@@ -155,3 +155,46 @@ def test_planted_auto_window_always_1_is_caught():
     assert calls.count > 0
     assert long_window_share(policy_windows) < 0.9
     assert long_window_share(run_windows) < 0.8
+
+
+# --- what lies past the window is read from the deep positions, not the mean hazard ------------
+
+# The demo's compiled cost per pass of n nodes (ms, as the bench's header prints it), candidates 8-64.
+DEMO_COMPILED = CostCurve((9, 17, 33, 65), (2.33, 2.80, 4.11, 6.42))
+
+
+def picked_with_hazards(policy: AutoWindow, hazards, passes: int = 200, seed: int = 0) -> list:
+    """Drive the policy with runs whose hazard at draft k is hazards(k)."""
+    rng = random.Random(seed)
+    picked = []
+    for _ in range(passes):
+        window = policy.next_window()
+        picked.append(window)
+        run = 0
+        while run < window and rng.random() >= hazards(run):
+            run += 1
+        policy.observe(run, censored=run == window, window=window)
+    return picked
+
+
+def demo_like_hazard(k: int) -> float:
+    """As measured for SJD+AC on the demo: the first draft is rejected half the time (its context
+    changed the most), deeper ones rarely."""
+    return 0.55 if k == 0 else 0.3 if k == 1 else 0.05
+
+
+def test_a_window_shrunk_to_its_smallest_candidate_grows_back_where_deep_drafts_survive():
+    """With these hazards L=16 commits ~27% more per pass than L=8 at 20% more cost, so 16 wins.
+    Before, the hazard past the window was the mean over the positions seen (0.22 here: the first
+    draft dominates it), a window at 8 never saw the longer runs, and it stayed there (planted
+    below). The candidates are the compiled ones (8, 16, 32, 64)."""
+    windows = picked_with_hazards(AutoWindow(DEMO_COMPILED, start=8, candidates=(8, 16, 32, 64)), demo_like_hazard)
+    assert sorted(windows)[len(windows) // 2] >= 16, windows
+
+
+def test_planted_mean_hazard_extrapolation_stays_at_the_short_window(monkeypatch):
+    from sjd_pac_core.engine import window as window_module
+
+    monkeypatch.setattr(window_module._Survival, "tail_hazard", window_module._Survival.mean_hazard)
+    windows = picked_with_hazards(AutoWindow(DEMO_COMPILED, start=8, candidates=(8, 16, 32, 64)), demo_like_hazard)
+    assert sorted(windows)[len(windows) // 2] == 8, windows

@@ -68,7 +68,7 @@ class CausalLMSession(DecoderSession):
         self.prompt_ids = ids
         self.width = width
         self.cursor = CacheCursor(capacity=width + DEFAULT_EXTRA_ENTRIES)
-        self.cache: Optional[TreeKVCache] = TreeKVCache(self.cursor)
+        self.cache: Optional[TreeKVCache] = TreeKVCache(self.cursor, adapter.cache_layers)
         self.compiled = False
         self.masks: Dict[int, _PassMask] = {}
         self._set_capacity(self.cursor.capacity)
@@ -226,6 +226,16 @@ class CausalLMAdapter(TokenModel):
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def cache_layers(self) -> Optional[int]:
+        """The decoder's layer count when every layer sits on one device (their cache then
+        shares one storage), else None."""
+        layers = getattr(self.model.get_decoder(), "layers", None)
+        devices = set(getattr(self.model, "hf_device_map", {}).values())
+        if not isinstance(layers, torch.nn.ModuleList) or len(devices) > 1:
+            return None
+        return len(layers)
 
     @property
     def mask_dtype(self) -> torch.dtype:

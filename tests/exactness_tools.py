@@ -483,21 +483,26 @@ def _always_window_1(original):
 
 
 def _side_chain_main_context(original):
-    def faulty(widths, chain_len, side_leaves=(), side_len=0):
+    def faulty(shape):
         # Option (b)'s trap: after a side leaf wins, its chain drafts are verified against the p
-        # the main chain computed for them (the context they hang off in the main branch), not
-        # against a chain fed behind the side leaf. The path then runs through main-chain nodes.
+        # of the main chain's context, not of a chain fed behind the side leaf: every side-chain
+        # node attends to the main branch's nodes of the depths above it instead of its own
+        # ancestors (its token is the main chain's draft there, so its p is the main chain's).
         import dataclasses
 
-        layout = original(widths, chain_len, side_leaves, side_len)
-        if not layout.side_leaves:
+        layout = original(shape)
+        depths, slots = layout.node_depths, layout.node_slots
+        branching = max((d for d, slot in zip(depths, slots) if slot > 0), default=0)
+        main = layout.main_nodes
+        side = [u for u in range(layout.num_nodes) if depths[u] > branching and u not in main]
+        if not side:
             return layout
-        main_chain = layout.main_nodes[layout.levels + 1 :]
-        nodes = list(layout.row_nodes)
-        for first, count in layout.leaf_rows:
-            for r in range(1, count):
-                nodes[first + r] = main_chain[r - 1]
-        return dataclasses.replace(layout, row_nodes=tuple(nodes))
+        attend = layout.attend.clone()
+        for u in side:
+            attend[u] = layout.attend[main[depths[u]]]
+            attend[u, main[depths[u]]] = False
+            attend[u, u] = True
+        return dataclasses.replace(layout, attend=attend)
     return faulty
 
 
@@ -508,8 +513,11 @@ FAULTS = {
     "cfg_positions_ignore_padding": ("sjd_pac_core.sampling.tree", "tree_position_ids", _positions_ignore_padding),
     "padding_columns_unmasked": ("sjd_pac_core.sampling.tree", "tree_attention_mask", _padding_unmasked),
     "auto_window_always_1": ("sjd_pac_core.engine.window", "AutoWindow.next_window", _always_window_1),
-    "side_chain_main_context": ("sjd_pac_core.sampling.tree", "build_tree_layout", _side_chain_main_context),
+    "side_chain_main_context": ("sjd_pac_core.sampling.tree", "tree_layout", _side_chain_main_context),
 }
+
+
+SAMPLER_MODULES = ("sjd_pac_core.engine.loop", "sjd_pac_core.generate", "sjd_pac_core.bench.runner")
 
 
 class FaultCalls:
@@ -523,6 +531,11 @@ class FaultCalls:
 def planted_fault(name: str) -> Iterator[FaultCalls]:
     """Plant the named known bug (see FAULTS) inside the block; yields its call counter."""
     module_name, attribute, make_faulty = FAULTS[name]
+    # Import the whole sampler first: a module imported lazily inside the block (the package
+    # loads `sample_tokens` on first use) would bind the faulty function by name and keep it
+    # after the block, planting the fault in every later test.
+    for sampler_module in SAMPLER_MODULES:
+        importlib.import_module(sampler_module)
     module = importlib.import_module(module_name)
     owner_path, _, attr = attribute.rpartition(".")
     owner = functools.reduce(getattr, owner_path.split("."), module) if owner_path else module

@@ -194,7 +194,7 @@ class TreeEveryPassDrafter(drafters.PACDrafter):
     """A drafter that differs from the built-in ones: a PD tree after every pass."""
 
     def next_tree(self, ctx, report, window):
-        return self.tree(ctx, window, report.num_committed, self.depth, self.width)
+        return self.shaped_tree(ctx, window, report.num_committed, (self.width,) * (self.depth - 1))
 
 
 def test_a_new_drafter_plugs_in_without_touching_the_loop(lm, monkeypatch):

@@ -176,7 +176,8 @@ def test_tree_layout_widths_and_chain():
     assert layout.depths.tolist() == [0, 1, 1, 2, 2, 2, 2, 3, 4]
     assert layout.candidate_index.tolist() == [0, 0, 1, 0, 1, 0, 1, 0, 0]
     assert list(layout.main_nodes) == [0, 1, 3, 7, 8]
-    assert list(layout.level_nodes(2)) == [3, 4, 5, 6]
+    assert (layout.depths == 2).nonzero().flatten().tolist()[:4] == [3, 4, 5, 6]
+    assert layout.children[1] == (3, 4) and layout.children[2] == (5, 6) and layout.children[3] == (7,)
     # node 6 (level 2, child 1 of node 2) sees the root, node 2 and itself only.
     assert layout.attend[6].nonzero().flatten().tolist() == [0, 2, 6]
     assert layout.attend[8].nonzero().flatten().tolist() == [0, 1, 3, 7, 8]

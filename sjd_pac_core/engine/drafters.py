@@ -2,7 +2,7 @@
 
 The loop asks a Drafter for a Draft twice: `first` after the prompt's prefill, and `next` after
 every pass, with a PassReport of what that pass verified and decided. It never looks inside a
-drafter, so a new strategy (a tree at every pass, adaptive depth or width, other proposals) is a
+drafter, so a new strategy (another tree shape, adaptive depth or width, other proposals) is a
 new subclass and no edit of the loop.
 
 The exactness contract every drafter keeps (spec sections 2-4):
@@ -11,54 +11,48 @@ The exactness contract every drafter keeps (spec sections 2-4):
 * tree.candidates[d] is one draw without replacement from window.q[d], in draw order, with
   candidates[d, 0] == window.tokens[d] (the main branch); draw it with `ctx.rule.candidates`,
   which also says which slots are real (a fixed-width row may hold fewer real candidates);
-* the tree covers window positions 0..levels-1, with levels <= len(window).
+* tree.shape is any TreeShape whose main branch (slot 0 at every depth) is the whole window and
+  whose other slots lie in the candidate rows (`sampling.tree`); its children-are-a-prefix rule
+  is what keeps recursive rejection exact, and the Gumbel rule is exact for any tree.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 import torch
 
 from ..config import SamplerConfig, tree_side_nodes
-from ..sampling.drafting import adaptive_continuation, initial_proposals
+from ..sampling.drafting import initial_proposals
 from ..sampling.recipe import SamplingRecipe
-from ..sampling.tree import one_deviation_leaves
+from ..sampling.tree import TreeShape, chain_shape, level_tree_shape, one_deviation_leaves
 from .state import DraftWindow
 from .verdict import Decisions, PassOutcome, StaleRows, Verdict
 
 
 @dataclass(frozen=True)
 class TreeDraft:
-    """Proactive Drafting candidates for the first `levels` window positions.
+    """Candidates for the first `levels` window positions, and the tree the pass feeds.
 
     candidates: long [levels, K]; row d is the draw for window position d (column 0 is the
     window's own draft). valid: bool [levels, K]; False marks padding slots (q had fewer than K
-    tokens), which are never accepted. Every level has width K, so the pass's shape is fixed.
-    level_widths: per-level widths when they differ (a level of width w < K uses the first w
-    slots of its row, the rest marked invalid); None means K at every level.
-    side_leaves, side_len: a side chain (the window's drafts levels .. levels + side_len - 1, fed
-    again) hung off each of these leaves (local indices of the last level, never 0, the main
-    branch's), so that a pass won by that side leaf runs on into the chain.
+    tokens), which are never accepted. shape: the nodes of the pass (any slots of these rows,
+    the window's drafts beyond them on slot 0).
     """
 
     candidates: torch.Tensor
     valid: torch.Tensor
-    level_widths: Optional[Tuple[int, ...]] = None
-    side_leaves: Tuple[int, ...] = ()
-    side_len: int = 0
+    shape: TreeShape
 
     @property
     def levels(self) -> int:
         return int(self.candidates.shape[0])
 
     @property
-    def widths(self) -> Tuple[int, ...]:
-        if self.level_widths is not None:
-            return self.level_widths
-        return (int(self.candidates.shape[1]),) * self.levels
+    def width(self) -> int:
+        return int(self.candidates.shape[1])
 
 
 @dataclass(frozen=True)
@@ -68,6 +62,10 @@ class Draft:
     window: DraftWindow
     tree: Optional[TreeDraft] = None
     kept_by_ac: int = 0  # drafts carried over unchanged from the last pass (a statistic)
+
+    @property
+    def shape(self) -> TreeShape:
+        return self.tree.shape if self.tree is not None else chain_shape(len(self.window))
 
 
 @dataclass(frozen=True)
@@ -92,9 +90,9 @@ class PassReport:
     draft: Draft  # what this pass verified
     outcome: PassOutcome  # host: accepted path, final token, rejected or not
     decisions: Decisions  # host copies of the pass's decisions
-    verdict: Verdict  # device: chain flags and tokens, p along the main branch
-    proposal_logits: torch.Tensor  # [B, V] raw logits of the furthest main-branch node
-    stale: StaleRows  # the verdict and p of each window draft along the path the pass took
+    verdict: Verdict  # device: every node's decision, draw and p
+    proposal_logits: torch.Tensor  # [B, V] raw logits of the furthest node the next window continues from
+    stale: StaleRows  # the verdict and p for each position after the final token (verdict.continuation)
 
 
 class Drafter(ABC):
@@ -132,32 +130,23 @@ class Drafter(ABC):
         return window.extend(extra.tokens, extra.q)
 
     @staticmethod
-    def tree(ctx: DraftContext, window: DraftWindow, start: int, depth: int, width: int) -> Optional[TreeDraft]:
-        """K candidates at each of the first D - 1 window positions (one rule call per level)."""
-        levels = min(depth - 1, len(window))
+    def shaped_tree(ctx: DraftContext, window: DraftWindow, start: int, widths: Sequence[int],
+                    side_chain: int = 0) -> Optional[TreeDraft]:
+        """A level tree with widths[d] candidates at window position d (one rule call: a draw of
+        max(widths) without replacement per level, of which level d uses the first widths[d]
+        slots, and a prefix of a draw without replacement is itself one), and side chains of
+        `side_chain` drafts on its one-deviation leaves (cut to the drafts the window has)."""
+        levels = min(len(widths), len(window))
         if levels <= 0:
             return None
-        rows = [ctx.rule.candidates(window.q[d], window.tokens[d : d + 1], width, start + d)
-                for d in range(levels)]  # D - 1 levels, a handful
-        return TreeDraft(torch.stack([c for c, _ in rows]), torch.stack([v for _, v in rows]))
-
-    @classmethod
-    def shaped_tree(cls, ctx: DraftContext, window: DraftWindow, start: int,
-                    widths: Sequence[int]) -> Optional[TreeDraft]:
-        """widths[d] candidates at window position d: one draw of max(widths) without replacement
-        per level, of which level d keeps the first widths[d] (a prefix of a draw without
-        replacement is itself one, so the contract holds)."""
-        levels = min(len(widths), len(window))
         vocab = int(window.q.shape[-1])  # a level never draws more tokens than there are
         widths = tuple(min(w, vocab) for w in widths[:levels])
-        if levels <= 0:
-            return None
-        if len(set(widths)) == 1:
-            return cls.tree(ctx, window, start, levels + 1, widths[0])
-        tree = cls.tree(ctx, window, start, levels + 1, max(widths))
-        within = torch.arange(max(widths), device=tree.valid.device) < torch.tensor(
-            widths, device=tree.valid.device).unsqueeze(-1)
-        return TreeDraft(tree.candidates, tree.valid & within, widths)
+        rows = slice(0, levels)
+        cands, valid = ctx.rule.candidates(window.q[rows], window.tokens[rows], max(widths),
+                                           ctx.positions[start : start + levels])
+        chain = len(window) - levels
+        leaves = one_deviation_leaves(widths) if side_chain and chain else ()
+        return TreeDraft(cands, valid, level_tree_shape(widths, chain, leaves, min(side_chain, chain)))
 
 
 class SJDDrafter(Drafter):
@@ -168,22 +157,20 @@ class SJDDrafter(Drafter):
     def first(self, ctx: DraftContext, logits: torch.Tensor, start: int, target: int) -> Draft:
         return Draft(self.fill(ctx, DraftWindow.empty_like(ctx, logits), logits, start, target))
 
-    def continue_window(self, ctx: DraftContext, report: PassReport, rest: slice) -> Tuple[DraftWindow, int]:
-        """Drafts for the verified positions after the committed ones, and how many were kept."""
+    def continue_window(self, ctx: DraftContext, report: PassReport) -> Tuple[DraftWindow, int]:
+        """Drafts for the verified positions after the committed ones, and how many were kept:
+        SJD draws each afresh from its stale p."""
         stale = report.stale
-        tokens = ctx.rule.draw(stale.p[rest], report.verdict.positions_main[rest])
-        return DraftWindow(tokens, stale.p[rest]), 0
+        return DraftWindow(ctx.rule.draw(stale.p, stale.positions), stale.p), 0
 
     def next_tree(self, ctx: DraftContext, report: PassReport, window: DraftWindow) -> Optional[TreeDraft]:
         return None
 
     def next(self, ctx: DraftContext, report: PassReport) -> Draft:
-        old = report.draft.window
-        rest = slice(report.outcome.accepted + 1, len(old))
-        if rest.start < rest.stop:
-            window, kept = self.continue_window(ctx, report, rest)
+        if report.stale.nodes:
+            window, kept = self.continue_window(ctx, report)
         else:
-            window, kept = old.tail(len(old)), 0
+            window, kept = report.draft.window.tail(len(report.draft.window)), 0  # nothing left: empty
         window = self.fill(ctx, window, report.proposal_logits, report.num_committed, report.target)
         return Draft(window, self.next_tree(ctx, report, window), kept)
 
@@ -211,19 +198,15 @@ class PACDrafter(SJDDrafter):
         return tree_side_nodes(self.widths) + len(one_deviation_leaves(self.widths)) * self.side_chain
 
     def make_tree(self, ctx: DraftContext, window: DraftWindow, start: int) -> Optional[TreeDraft]:
-        tree = self.shaped_tree(ctx, window, start, self.widths)
-        if tree is None or not self.side_chain:
-            return tree
-        # The leaves of the tree as drawn (its widths may be clamped to the vocabulary or cut by
-        # a short window); the layout cuts the side chains to the drafts the window has.
-        return replace(tree, side_leaves=one_deviation_leaves(tree.widths), side_len=self.side_chain)
+        return self.shaped_tree(ctx, window, start, self.widths, self.side_chain)
 
-    def continue_window(self, ctx: DraftContext, report: PassReport, rest: slice) -> Tuple[DraftWindow, int]:
+    def continue_window(self, ctx: DraftContext, report: PassReport) -> Tuple[DraftWindow, int]:
+        """Adaptive Continuation: the verdict's own draw at each node, which keeps the old draft
+        where the stale p accepts it (else a redraw from the residual): distributed as that p."""
         if not self.continuation:
-            return super().continue_window(ctx, report, rest)
-        stale, old = report.stale, report.draft.window
-        tokens = adaptive_continuation(old.tokens[rest], stale.accepted[rest], stale.token[rest])
-        return DraftWindow(tokens, stale.p[rest]), sum(stale.accepted_host[rest])
+            return super().continue_window(ctx, report)
+        stale = report.stale
+        return DraftWindow(stale.token, stale.p), stale.kept
 
     def next_tree(self, ctx: DraftContext, report: PassReport, window: DraftWindow) -> Optional[TreeDraft]:
         if not (self.proactive and report.outcome.rejected):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -26,8 +27,10 @@ from ..models.base import TokenModel
 from ..models.causal_lm import as_token_model
 from ..sampling import rules
 from ..sampling.constraint_table import ConstraintTable
+from ..sampling.drafting import adaptive_continuation
 from ..sampling.recipe import SamplingRecipe, TokenConstraints, process
-from ..sampling.tree import TreeLayout, build_tree_layout
+from ..sampling.rules import NodeChildren
+from ..sampling.tree import TreeLayout, tree_layout
 from . import drafters
 from .drafters import Draft, DraftContext, PassReport
 from .inputs import check_sample_inputs
@@ -35,7 +38,7 @@ from .state import DecodeState
 from .stats import PassRecord, RunStats
 from .sync import SyncCounter, copy_to_device, synchronize, to_device
 from .timing import ForwardTimer
-from .verdict import PassOutcome, Verdict, stale_rows, walk
+from .verdict import PassOutcome, StaleRows, Verdict, continuation, walk
 from .window import (AUTO_START_WINDOW, CANDIDATE_WINDOWS, COMPILED_CANDIDATE_WINDOWS, PROBE_SIZES, AutoWindow,
                      FixedWindow, measure_cost_curve)
 
@@ -99,61 +102,78 @@ def sample_tokens(
 
 @dataclass(frozen=True)
 class PassShape:
-    """A pass layout padded to its fixed envelope, on the device; built once per shape and run.
+    """A pass's tree padded to its fixed envelope, on the device; built once per shape and run.
 
-    Nodes beyond the layout's are padding: token 0 at the root's position, seeing only
-    themselves, never read. The node tokens of a pass are one gather from
-    [root, tree candidates (row-major), chain drafts, padding token] by `token_source` (a side
-    chain's nodes gather the chain's first drafts).
+    Nodes beyond the tree's are padding: token 0 at the root's position, seeing only themselves,
+    never read. The node tokens of a pass are one gather from its flat token source
+    [root, tree candidates (row-major, K per row), window drafts, padding token] by
+    `token_source`; the children of every node (for verification) are one gather from the same
+    source by `child_source`, and their validity from the matching flat validity mask.
     """
 
     layout: TreeLayout
     envelope: int
+    levels: int  # candidate rows the source holds (T)
     depths: torch.Tensor  # long [E]
     attend: torch.Tensor  # bool [E, E]
     token_source: torch.Tensor  # long [E]
-    main: torch.Tensor  # long [m + 1]: main-branch node at each depth
-    parent_level: torch.Tensor  # long [P]: the level of tree parent node i (nodes 0..P-1)
-    row_nodes: torch.Tensor  # long [R]: the node whose p verifies each leaf row
-    draft_rows: torch.Tensor  # long [R']: leaf rows that verify a chain draft
-    draft_offsets: torch.Tensor  # long [R']: their draft's offset r in the chain (window levels + r)
-    bonus_rows: torch.Tensor  # long [R'']: leaf rows past the window's last draft (a draw from p)
+    child_source: torch.Tensor  # long [S, K]: each node's children by slot (the padding index past them)
+    q_rows: torch.Tensor  # long [S]: the window position each node's children were drawn at
+    single: torch.Tensor  # long: the nodes with one child, several, none (NodeChildren's groups)
+    multi: torch.Tensor
+    leaves: torch.Tensor
 
     @staticmethod
-    def build(widths: Tuple[int, ...], chain_len: int, envelope: int, device: torch.device,
-              side_leaves: Tuple[int, ...] = (), side_len: int = 0) -> "PassShape":
-        layout = build_tree_layout(widths, chain_len, side_leaves, side_len)
-        s, levels = layout.num_nodes, layout.levels
-        width = max(widths) if widths else 1
+    def build(layout: TreeLayout, levels: int, width: int, window: int, envelope: int,
+              device: torch.device) -> "PassShape":
+        s = layout.num_nodes
         pad = envelope - s
-        side = layout.side_chain_nodes
-        num_tree = s - chain_len - side
-        chain_source = 1 + levels * width
-        side_source = [chain_source + r for _ in layout.side_leaves for r in range(layout.side_len)]
-        source = torch.cat([
-            torch.zeros(1, dtype=torch.long),
-            1 + (layout.depths[1:num_tree] - 1) * width + layout.candidate_index[1:num_tree],
-            chain_source + torch.arange(chain_len),
-            torch.tensor(side_source, dtype=torch.long),
-            torch.full((pad,), chain_source + chain_len, dtype=torch.long),
-        ])
+        pad_source = 1 + levels * width + window  # the padding token's index in the flat source
+        depths, slots = layout.node_depths, layout.node_slots
+
+        def source(node: int) -> int:
+            d, slot = depths[node], slots[node]
+            if d == 0:
+                return 0
+            if d - 1 < levels:
+                return 1 + (d - 1) * width + slot
+            assert slot == 0, "a slot beyond 0 outside the candidate rows"
+            return 1 + levels * width + (d - 1)
+
+        token_source = [source(node) for node in range(s)] + [pad_source] * pad  # once per shape
+        k = max(1, layout.max_children)
+        child_source = [[source(c) for c in kids] + [pad_source] * (k - len(kids)) for kids in layout.children]
+        counts = [len(kids) for kids in layout.children]
+
+        def nodes(keep) -> torch.Tensor:
+            return copy_to_device(torch.tensor([u for u, c in enumerate(counts) if keep(c)], dtype=torch.long),
+                                  device)
+
         attend = torch.eye(envelope, dtype=torch.bool)
         attend[:s, :s] = layout.attend
-        depths = torch.cat([layout.depths, torch.zeros(pad, dtype=torch.long)])
-        parents = layout.level_offsets[levels] if levels else 0
-        offsets = layout.row_offsets
-        draft_rows = [i for i, r in enumerate(offsets) if r < chain_len]
-        bonus_rows = [i for i, r in enumerate(offsets) if r >= chain_len]
         return PassShape(
-            layout=layout, envelope=envelope, depths=copy_to_device(depths, device),
-            attend=copy_to_device(attend, device), token_source=copy_to_device(source, device),
-            main=copy_to_device(layout.main_path, device),
-            parent_level=copy_to_device(layout.depths[:parents], device),
-            row_nodes=copy_to_device(torch.tensor(layout.row_nodes, dtype=torch.long), device),
-            draft_rows=copy_to_device(torch.tensor(draft_rows, dtype=torch.long), device),
-            draft_offsets=copy_to_device(torch.tensor([offsets[i] for i in draft_rows], dtype=torch.long), device),
-            bonus_rows=copy_to_device(torch.tensor(bonus_rows, dtype=torch.long), device),
+            layout=layout, envelope=envelope, levels=levels,
+            depths=copy_to_device(torch.cat([layout.depths, torch.zeros(pad, dtype=torch.long)]), device),
+            attend=copy_to_device(attend, device),
+            token_source=copy_to_device(torch.tensor(token_source, dtype=torch.long), device),
+            child_source=copy_to_device(torch.tensor(child_source, dtype=torch.long), device),
+            q_rows=copy_to_device(layout.depths.clamp(max=max(window - 1, 0)), device),
+            single=nodes(lambda c: c == 1), multi=nodes(lambda c: c > 1), leaves=nodes(lambda c: c == 0),
         )
+
+    def children(self, flat_tokens: torch.Tensor, flat_valid: torch.Tensor) -> NodeChildren:
+        """The children of every node with this pass's tokens and validity (two gathers)."""
+        return NodeChildren(tokens=flat_tokens[self.child_source], valid=flat_valid[self.child_source],
+                            q_rows=self.q_rows, single=self.single, multi=self.multi, leaves=self.leaves)
+
+
+@lru_cache(maxsize=256)
+def pass_shape(layout: TreeLayout, levels: int, width: int, window: int, envelope: int,
+               device: torch.device) -> PassShape:
+    """The PassShape of a layout, built once per process (a run uses a handful: chain and tree
+    passes, and the shorter windows at the image's end). Keyed by the layout object, which
+    `tree_layout` caches per shape: a layout made another way gets its own PassShape."""
+    return PassShape.build(layout, levels, width, window, envelope, device)
 
 
 @dataclass(frozen=True)
@@ -164,6 +184,7 @@ class PassPlan:
     draft: Draft
     start: int  # n, committed tokens before the pass
     tokens: torch.Tensor  # long [E], the node tokens (padding included)
+    children: NodeChildren  # the shape's children with this pass's tokens and validity
 
 
 class _Decoder:
@@ -191,7 +212,6 @@ class _Decoder:
         self.positions = torch.arange(self.num_tokens + span + self.drafter.max_side_nodes + 2, device=self.device)
         self.ctx = DraftContext(self.rule, self.recipe, self.constraints, self.num_tokens,
                                 config.init_proposal, self.positions)
-        self.shapes: Dict[Tuple[Tuple[int, ...], int, int], PassShape] = {}
         self.timer = ForwardTimer(self.device)
 
     def _window_target(self, num_committed: int) -> int:
@@ -251,23 +271,26 @@ class _Decoder:
         verdict = self._verify(state, plan, logits)
         decisions = verdict.decisions()  # the pass's one host sync
         window, layout = plan.draft.window, plan.shape.layout
-        outcome = walk(layout, decisions, len(window), has_bonus=verdict.bonus.numel() > 0)
         n = state.num_committed
+        last_depth = self.num_tokens - n  # a node at this depth holds the image's last token
+        outcome = walk(layout, decisions, last_depth)
         self._commit(state, plan, verdict, outcome)
         self.window_policy.observe(outcome.accepted, censored=not outcome.rejected, window=len(window),
-                                   tree_levels=layout.levels)
+                                   tree_levels=plan.shape.levels)
         if not state.done:
             target = self._window_target(state.num_committed)
             self.rule.prepare(state.num_committed)
+            carried = continuation(layout, decisions, outcome, last_depth)
             report = PassReport(start=n, num_committed=state.num_committed, target=target, draft=plan.draft,
                                 outcome=outcome, decisions=decisions, verdict=verdict,
-                                proposal_logits=logits[:, layout.main_nodes[-1]],
-                                stale=stale_rows(layout, verdict, decisions, outcome, len(window)))
+                                proposal_logits=logits[:, carried.proposal],
+                                stale=StaleRows.gather(verdict, decisions, carried.nodes, self.device))
             state.draft, state.target = self.drafter.next(self.ctx, report), target
         self._record(state, stats, callback, start, syncs, committed=state.num_committed - n,
                      window=len(window), tree_nodes=layout.num_nodes - 1 - len(window),
                      first_reject=outcome.accepted if outcome.rejected else -1,
-                     kept_by_ac=state.draft.kept_by_ac if not state.done else 0, branch=outcome.branch,
+                     kept_by_ac=state.draft.kept_by_ac if not state.done else 0,
+                     branch=outcome.branch[: plan.shape.levels],
                      envelope=plan.shape.envelope, compaction_bytes=state.session.compaction_bytes - moved)
 
     def _warm_up(self, state: DecodeState) -> float:
@@ -303,27 +326,25 @@ class _Decoder:
 
     # --- the stages -------------------------------------------------------------------------
     def _plan(self, state: DecodeState) -> PassPlan:
-        """Lay out root, PD levels and chain as one batch padded to the pass's fixed envelope:
+        """Lay out the draft's tree as one batch padded to the pass's fixed envelope:
         1 + L for a chain pass, 1 + L + the drafter's largest tree for a tree pass."""
         draft = state.draft
         window, tree = draft.window, draft.tree
-        widths = tree.widths if tree is not None else ()
-        levels = len(widths)
+        levels, width = (tree.levels, tree.width) if tree is not None else (0, 1)
         side = self.drafter.max_side_nodes if tree is not None else 0
-        side_leaves, side_len = (tree.side_leaves, tree.side_len) if tree is not None else ((), 0)
         # The policy's window, not the positions left: the shape stays fixed up to the image's end.
         envelope = 1 + self._envelope_window(max(self.window_policy.next_window(), len(window))) + side
-        key = (widths, len(window) - levels, envelope, side_leaves, side_len)
-        shape = self.shapes.get(key)
-        if shape is None:  # a handful of shapes per run (chain / tree passes, the image's end)
-            shape = self.shapes[key] = PassShape.build(widths, len(window) - levels, envelope, self.device,
-                                                       side_leaves, side_len)
-        parts = [state.root_token]
+        shape = pass_shape(tree_layout(draft.shape), levels, width, len(window), envelope, self.device)
+        root, pad = state.root_token, state.root_token.new_zeros(1)
+        real = torch.ones(1, dtype=torch.bool, device=self.device)
         if tree is not None:
-            parts.append(tree.candidates.reshape(-1))
-        parts += [window.tokens[levels:], state.root_token.new_zeros(1)]
-        tokens = torch.cat(parts).index_select(0, shape.token_source)
-        return PassPlan(shape=shape, draft=draft, start=state.num_committed, tokens=tokens)
+            flat = torch.cat([root, tree.candidates.reshape(-1), window.tokens, pad])
+            valid = torch.cat([real, tree.valid.reshape(-1), real.expand(len(window)), ~real])
+        else:
+            flat = torch.cat([root, window.tokens, pad])
+            valid = torch.cat([real.expand(1 + len(window)), ~real])
+        return PassPlan(shape=shape, draft=draft, start=state.num_committed,
+                        tokens=flat.index_select(0, shape.token_source), children=shape.children(flat, valid))
 
     def _forward(self, state: DecodeState, plan: PassPlan) -> torch.Tensor:
         """One model pass; node at depth d predicts image position n + d. Logits [B, E, V]."""
@@ -333,48 +354,19 @@ class _Decoder:
         return logits
 
     def _verify(self, state: DecodeState, plan: PassPlan, logits: torch.Tensor) -> Verdict:
-        """Every decision of the pass, on the device: the main chain, every PD level at once,
-        and each leaf's check (so that no sync is needed before the walk)."""
+        """Every decision of the pass, on the device, per tree node: which child is accepted,
+        the token after the node if the walk ends there, and the verdict's draw for drafting."""
         n, last = plan.start, self.num_tokens - 1
-        layout, window, tree = plan.shape.layout, plan.draft.window, plan.draft.tree
-        m, levels, s = len(window), layout.levels, layout.num_nodes
+        s = plan.shape.layout.num_nodes
         self.rule.prepare(n)
-        probs = process(logits[:, :s], (n + plan.shape.depths[:s]).clamp(max=last), self.recipe, self.constraints)
-
-        p_main = probs.index_select(0, plan.shape.main)  # row j is p for draft j, row m for the bonus
-        pos_main = self.positions[n : n + m + 1].clamp(max=last)
-        accepted, replacements = self.rule.chain(p_main[:m], window.q, window.tokens, pos_main[:m])
-        none = self.positions[:0]
-        bonus = self.rule.draw(p_main[m:], pos_main[m:]) if n + m < self.num_tokens else none
-
-        first_child = fallback = leaf_token = none
-        leaf_accepted, p_rows = none.bool(), None
-        if levels:
-            lvl = plan.shape.parent_level
-            parents = int(lvl.shape[0])
-            first_child, fallback = self.rule.level(
-                probs[:parents], window.q.index_select(0, lvl), tree.candidates.index_select(0, lvl),
-                tree.valid.index_select(0, lvl), (n + lvl).clamp(max=last),
-            )
-            # Leaf rows: the chain's drafts checked against each leaf's own p and its side chain's.
-            rows = int(plan.shape.row_nodes.shape[0])
-            p_rows = probs.index_select(0, plan.shape.row_nodes)
-            leaf_accepted = torch.zeros(rows, dtype=torch.bool, device=self.device)
-            leaf_token = torch.zeros(rows, dtype=torch.long, device=self.device)
-            draft_rows, offsets = plan.shape.draft_rows, plan.shape.draft_offsets
-            if draft_rows.numel():
-                drafts = levels + offsets
-                pos = (n + drafts).clamp(max=last)
-                acc, tok = self.rule.chain(p_rows.index_select(0, draft_rows), window.q.index_select(0, drafts),
-                                           window.tokens.index_select(0, drafts), pos)
-                leaf_accepted[draft_rows], leaf_token[draft_rows] = acc, tok
-            bonus_rows = plan.shape.bonus_rows
-            if bonus_rows.numel() and n + m < self.num_tokens:  # past the window: a draw from p
-                pos = self.positions[n + m : n + m + 1].expand(int(bonus_rows.shape[0]))
-                leaf_token[bonus_rows] = self.rule.draw(p_rows.index_select(0, bonus_rows), pos)
-        return Verdict(chain_accepted=accepted, chain_token=replacements, bonus=bonus,
-                       first_child=first_child, fallback=fallback, leaf_accepted=leaf_accepted,
-                       leaf_token=leaf_token, p_main=p_main, positions_main=pos_main, p_rows=p_rows)
+        positions = (n + plan.shape.depths[:s]).clamp(max=last)
+        probs = process(logits[:, :s], positions, self.recipe, self.constraints)
+        children = plan.children
+        accepted, next_token = self.rule.verify(probs, positions, children, plan.draft.window.q)
+        chosen = children.tokens.gather(1, accepted.clamp(min=0).unsqueeze(1)).squeeze(1)
+        draft_token = adaptive_continuation(chosen, accepted >= 0, next_token)
+        return Verdict(accepted_child=accepted, next_token=next_token, draft_token=draft_token, p=probs,
+                       positions=positions)
 
     def _commit(self, state: DecodeState, plan: PassPlan, verdict: Verdict, outcome: PassOutcome) -> None:
         """Commit the path and the final token; keep only the path's cache entries."""
@@ -384,8 +376,7 @@ class _Decoder:
             state.committed[n : n + a] = plan.tokens.index_select(0, path)
         new_n = n + a
         if outcome.final is not None:
-            final = outcome.final
-            state.committed[new_n : new_n + 1] = verdict.token(final.source, final.index, plan.draft.window.tokens)
+            state.committed[new_n : new_n + 1] = verdict.next_token[outcome.final : outcome.final + 1]
             new_n += 1
         state.session.keep([0, *outcome.path_nodes])
         state.num_committed = new_n

@@ -1,17 +1,18 @@
 """The two verification rules as small strategy objects over the pure functions in verify.py.
 
 Both expose the same operations, so the loop never branches on the rule:
-  prepare(start)                           the pass verifies positions from `start` on (host int)
-  draw(p, positions)                       a token from each row of p (first token, bonus, redraft)
-  chain(p, q, drafts, positions)           accept flags and replacement tokens for drafts ~ q
-  level(p, q, candidates, valid, positions) PD: first accepted candidate per parent row, fallback
-  candidates(q, first, k, position)        PD candidates: `first`, then k-1 more without
-                                           replacement, and which of the k slots are real
+  prepare(start)                      the pass verifies positions from `start` on (host int)
+  draw(p, positions)                  a token from each row of p (first token, redraft)
+  verify(p, positions, children, q)   per tree node: which child (in slot order) is accepted,
+                                      and the token committed if the walk ends at the node
+  candidates(q, first, k, positions)  PD candidates per row: `first`, then k-1 more without
+                                      replacement, and which of the k slots are real
 Every operation stays on the device: no host sync.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 import torch
@@ -31,6 +32,25 @@ from .verify import (
 )
 
 
+@dataclass(frozen=True)
+class NodeChildren:
+    """The children of every node of one pass, in slot order (device tensors, S nodes, K slots).
+
+    tokens / valid: long / bool [S, K]: child slot k's token, and whether that slot holds a real
+    child (False past the node's children or where q had fewer tokens). q_rows: long [S], the
+    window position whose proposal q the node's children were drawn from (its depth). single,
+    multi, leaves: the nodes with one child, several, none (a pass's shape fixes them), so that
+    recursive rejection runs only where there is a choice.
+    """
+
+    tokens: torch.Tensor
+    valid: torch.Tensor
+    q_rows: torch.Tensor
+    single: torch.Tensor
+    multi: torch.Tensor
+    leaves: torch.Tensor
+
+
 class RejectionRule:
     """Speculative rejection sampling; exact in distribution."""
 
@@ -46,27 +66,42 @@ class RejectionRule:
     def draw(self, p: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return sample(p, self.generator)
 
-    def chain(
-        self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, positions: torch.Tensor
+    def verify(
+        self, p: torch.Tensor, positions: torch.Tensor, children: NodeChildren, q: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        accepted = speculative_accept(p, q, drafts, self._uniform(drafts.shape, p.device))
-        replacements = sample(residual(p, q), self.generator)
-        return accepted, replacements
-
-    def level(
-        self, p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, valid: torch.Tensor,
-        positions: torch.Tensor,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        accept_prob, final = recursive_rejection_rows(p, q, candidates, valid)
-        coins = self._uniform(accept_prob.shape, p.device)
-        return first_true(coins < accept_prob), sample(final, self.generator)
+        """Speculative acceptance where a node has one child, recursive rejection in slot order
+        where it has several (the first accepted wins), a draw from the final residual where
+        none is accepted, and a draw from p at a leaf (the bonus token). q: [M, V] the window's
+        proposals, indexed by children.q_rows."""
+        s = p.shape[0]
+        accepted = torch.full((s,), -1, dtype=torch.long, device=p.device)
+        next_token = torch.zeros(s, dtype=torch.long, device=p.device)
+        if children.single.numel():
+            rows = children.single
+            p1, q1 = p.index_select(0, rows), q.index_select(0, children.q_rows.index_select(0, rows))
+            drafts = children.tokens.index_select(0, rows)[:, 0]
+            ok = speculative_accept(p1, q1, drafts, self._uniform(drafts.shape, p.device))
+            accepted.index_copy_(0, rows, ok.long() - 1)  # slot 0 or none
+            next_token.index_copy_(0, rows, sample(residual(p1, q1), self.generator))
+        if children.multi.numel():
+            rows = children.multi
+            accept_prob, final = recursive_rejection_rows(
+                p.index_select(0, rows), q.index_select(0, children.q_rows.index_select(0, rows)),
+                children.tokens.index_select(0, rows), children.valid.index_select(0, rows))
+            coins = self._uniform(accept_prob.shape, p.device)
+            accepted.index_copy_(0, rows, first_true(coins < accept_prob))
+            next_token.index_copy_(0, rows, sample(final, self.generator))
+        if children.leaves.numel():
+            next_token.index_copy_(0, children.leaves, sample(p.index_select(0, children.leaves), self.generator))
+        return accepted, next_token
 
     def candidates(
-        self, q: torch.Tensor, first: torch.Tensor, k: int, position: int
+        self, q: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        first = first.reshape(1)  # a 1-element index: advanced indexing, no host sync
-        others = sample_without_replacement(q, k - 1, first, self.generator)
-        return torch.cat([first, others]), candidate_validity(q, k)
+        """q [T, V], first long [T] (each row's draft, drawn from it): [T, k] and validity."""
+        rows = [torch.cat([first[d : d + 1], sample_without_replacement(q[d], k - 1, first[d : d + 1], self.generator)])
+                for d in range(q.shape[0])]  # one draw per tree level: a handful
+        return torch.stack(rows), candidate_validity(q, k)
 
 
 class GumbelNoiseWindow:
@@ -102,8 +137,6 @@ class GumbelNoiseWindow:
     def rows(self, positions: torch.Tensor) -> torch.Tensor:
         return self.noise.index_select(0, positions - self.base)
 
-    def row(self, position: int) -> torch.Tensor:
-        return self.noise[position - self.base : position - self.base + 1]
 
 
 class GumbelRule:
@@ -131,28 +164,20 @@ class GumbelRule:
     def draw(self, p: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return gumbel_argmax(p, self._noise(positions))
 
-    def chain(
-        self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, positions: torch.Tensor
+    def verify(
+        self, p: torch.Tensor, positions: torch.Tensor, children: NodeChildren, q: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Every node's target argmax(log p + G) at once: a child is accepted exactly when its
+        token is its parent's target (children are distinct, so at most one is), and the target
+        is what is committed where the walk ends. Any tree is exact under this rule."""
         target = self.draw(p, positions)
-        return drafts == target, target
-
-    def level(
-        self, p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, valid: torch.Tensor,
-        positions: torch.Tensor,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
-        target = self.draw(p, positions)
-        return first_true((candidates == target.unsqueeze(-1)) & valid), target
+        return first_true((children.tokens == target.unsqueeze(-1)) & children.valid), target
 
     def candidates(
-        self, q: torch.Tensor, first: torch.Tensor, k: int, position: int
+        self, q: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        # The draft `first` is already argmax(log q + G); the top-k keeps it first.
-        if self.window is not None and self.window.base is not None:
-            noise = self.window.row(position)
-        else:
-            noise = gumbel_noise(self.seed, torch.tensor([position], device=q.device), self.vocab_size)
-        return gumbel_top_k(q.unsqueeze(0), noise, k)[0], candidate_validity(q, k)
+        # Each draft `first` is already argmax(log q + G); the top-k keeps it first.
+        return gumbel_top_k(q, self._noise(positions), k), candidate_validity(q, k)
 
 
 def make_rule(

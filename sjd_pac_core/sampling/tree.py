@@ -1,74 +1,111 @@
-"""Tree layout for one forward pass: which node sees which, at what position (spec section 4).
+"""Token trees for one forward pass: which node sees which, at what position (spec section 4).
 
-A pass feeds: the root (the last committed token), then the Proactive Drafting levels (level d
-holds widths[0] * ... * widths[d-1] nodes, every node of level d-1 having the same widths[d-1]
-candidates as children), then a chain of drafts hanging off the main branch (the path of first
-candidates). With no levels this is the plain SJD window: root + chain.
+A pass feeds a tree of nodes. Node 0 is the root (the last committed token). Every other node
+holds a draft for the window position of its depth - 1 and is named by its path of *slots* from
+the root: slot s at depth d is candidate s of that position's draw, one draw without
+replacement from the position's proposal q, whose slot 0 is the window's own draft. The tree
+is exact to verify under both rules if the children of every node are the first k slots of the
+next position's draw (a prefix of a draw without replacement is itself one); `TreeShape` checks
+that.
 
-Node order: root = 0; level d occupies a contiguous block, and the child k of the node with
-local index l at level d-1 has local index l * widths[d-1] + k. Local index 0 at every level is
-the main branch.
+Familiar shapes are special cases: the plain SJD window is a chain (every node has slot 0 only);
+the Proactive Drafting tree gives every node of its first D - 1 levels the same K candidates
+(`level_tree_shape`), with the chain hung off the main branch (the path of slot 0s); side chains
+hang the chain's first drafts also off some side leaves. A drafter may build any other shape
+(`TreeShape.from_paths`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Tuple
+from typing import Dict, Iterable, Sequence, Tuple
 
 import torch
 
+Path = Tuple[int, ...]  # slots from the root's child down to the node; () is the root
+
 
 @dataclass(frozen=True)
-class TreeLayout:
-    widths: Tuple[int, ...]  # candidates per level
-    chain_len: int  # drafts after the tree, on the main branch
-    parents: torch.Tensor  # long [S]; -1 for the root
-    depths: torch.Tensor  # long [S]; root 0
-    level_offsets: Tuple[int, ...]  # first node of each level 0..len(widths) (level 0 = root)
-    candidate_index: torch.Tensor  # long [S]: which candidate of its level a node is (0 elsewhere)
-    main_path: torch.Tensor  # long [len(widths) + chain_len + 1]: main-branch node at each depth
-    attend: torch.Tensor  # bool [S, S]: node i may attend to node j (j is i or an ancestor)
-    main_nodes: Tuple[int, ...]  # main_path as plain ints, for host-side bookkeeping
-    side_leaves: Tuple[int, ...] = ()  # leaf local indices that carry a side chain
-    side_len: int = 0  # drafts on each side chain (<= chain_len)
-    leaf_rows: Tuple[Tuple[int, int], ...] = ()  # per leaf: (first row, rows)
-    row_nodes: Tuple[int, ...] = ()  # per leaf row: the node whose p verifies it
-    row_offsets: Tuple[int, ...] = ()  # per leaf row: r, the chain draft it verifies
+class TreeShape:
+    """The nodes of a pass, as slot paths in node order (the root, (), is node 0 and implied).
 
-    @property
-    def side_chain_nodes(self) -> int:
-        return len(self.side_leaves) * self.side_len
+    Node order is free but fixed by the shape (it sets the cache layout of the pass): parents
+    come before their children. Hashable, so a layout is built once per shape.
+    """
 
-    def side_nodes(self, leaf: int) -> Tuple[int, ...]:
-        """The side-chain nodes hung off leaf `leaf` (local index), in chain order."""
-        first, count = self.leaf_rows[leaf]
-        return self.row_nodes[first + 1 : first + count]
+    paths: Tuple[Path, ...]
+
+    @staticmethod
+    def from_paths(paths: Iterable[Sequence[int]]) -> "TreeShape":
+        shape = TreeShape(tuple(tuple(int(s) for s in p) for p in paths))
+        shape.check()
+        return shape
+
+    def check(self) -> None:
+        """Parents before children, no duplicates, and every node's children are the slots
+        0..k-1 of the next position (what makes recursive rejection over them exact)."""
+        seen: Dict[Path, int] = {(): 0}
+        children: Dict[Path, list] = {}
+        for path in self.paths:
+            if not path or path in seen or path[:-1] not in seen or min(path) < 0:
+                raise ValueError(f"tree shape: node {path} repeats, is the root, or comes before its parent")
+            seen[path] = len(seen)
+            children.setdefault(path[:-1], []).append(path[-1])
+        for parent, slots in children.items():
+            if sorted(slots) != list(range(len(slots))):
+                raise ValueError(f"tree shape: the children of {parent} must be slots 0..k-1, got {sorted(slots)}")
 
     @property
     def num_nodes(self) -> int:
-        return int(self.parents.shape[0])
+        return 1 + len(self.paths)
 
     @property
-    def levels(self) -> int:
-        return len(self.widths)
+    def depth(self) -> int:
+        """The deepest node's depth: the drafts the pass verifies along its longest path."""
+        return max((len(p) for p in self.paths), default=0)
 
-    def level_nodes(self, level: int) -> range:
-        """Global indices of the nodes at `level` (0 = the root)."""
-        size = 1
-        for width in self.widths[:level]:
-            size *= width
-        start = self.level_offsets[level]
-        return range(start, start + size)
 
-    def ancestors_path(self, node: int) -> list:
-        """Nodes from the root's first child down to `node` (root excluded)."""
-        path = []
-        parents = self.parents.tolist()
-        while node > 0:
-            path.append(node)
-            node = parents[node]
-        return path[::-1]
+@lru_cache(maxsize=512)
+def chain_shape(length: int) -> TreeShape:
+    """The plain SJD window: root + `length` drafts, each the only child of the one before."""
+    return TreeShape(tuple((0,) * d for d in range(1, length + 1)))
+
+
+def _product(widths: Sequence[int]) -> Iterable[Path]:
+    if not widths:
+        yield ()
+        return
+    for head in _product(widths[:-1]):
+        for s in range(widths[-1]):
+            yield head + (s,)
+
+
+@lru_cache(maxsize=512)
+def level_tree_shape(widths: Tuple[int, ...], chain_len: int, side_leaves: Tuple[int, ...] = (),
+                     side_len: int = 0) -> TreeShape:
+    """Proactive Drafting's tree: level d (1-based) gives every node of level d - 1 the same
+    widths[d-1] candidates; then a chain of `chain_len` drafts off the main branch's leaf; then
+    a side chain of `side_len` drafts (the chain's first ones) off each leaf in `side_leaves`
+    (local indices at the last level, never 0: the main leaf already carries the chain).
+
+    Node order: the levels breadth first (child k of the node with local index l at level d - 1
+    has local index l * widths[d-1] + k), the main chain, then the side chains in leaf order.
+    """
+    widths = tuple(int(w) for w in widths)
+    side_len = min(int(side_len), chain_len) if widths else 0
+    side_leaves = tuple(int(leaf) for leaf in side_leaves) if side_len else ()
+    paths = []
+    for d in range(1, len(widths) + 1):
+        paths += list(_product(widths[:d]))
+    levels = len(widths)
+    paths += [(0,) * (levels + r) for r in range(1, chain_len + 1)]
+    leaves = list(_product(widths)) if widths else []
+    for leaf in side_leaves:
+        if not 0 < leaf < len(leaves):
+            raise ValueError(f"side leaf {leaf} is not a side leaf of a tree with widths {widths}")
+        paths += [leaves[leaf] + (0,) * r for r in range(1, side_len + 1)]
+    return TreeShape(tuple(paths))
 
 
 def one_deviation_leaves(widths: Tuple[int, ...]) -> Tuple[int, ...]:
@@ -84,80 +121,75 @@ def one_deviation_leaves(widths: Tuple[int, ...]) -> Tuple[int, ...]:
     return tuple(sorted(leaves))
 
 
-@lru_cache(maxsize=256)
+@dataclass(frozen=True, eq=False)
+class TreeLayout:
+    """A TreeShape's nodes as tensors and host tuples, built once per shape (`tree_layout`).
+    Compared and hashed by identity (it holds tensors): a PassShape is cached per layout."""
+
+    shape: TreeShape
+    parents: torch.Tensor  # long [S]; -1 for the root
+    depths: torch.Tensor  # long [S]; root 0
+    candidate_index: torch.Tensor  # long [S]: the node's slot in its position's draw (0 for the root)
+    attend: torch.Tensor  # bool [S, S]: node i may attend to node j (j is i or an ancestor)
+    children: Tuple[Tuple[int, ...], ...]  # per node, its children's node indices by slot
+    main_nodes: Tuple[int, ...]  # the main branch (slot 0 at every depth), root first
+    node_depths: Tuple[int, ...]  # depths and slots as host ints (for host-side bookkeeping)
+    node_slots: Tuple[int, ...]
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.parents.shape[0])
+
+    @property
+    def max_children(self) -> int:
+        return max((len(c) for c in self.children), default=0)
+
+    def ancestors_path(self, node: int) -> list:
+        """Nodes from the root's first child down to `node` (root excluded)."""
+        path = []
+        parents = self.parents.tolist()
+        while node > 0:
+            path.append(node)
+            node = parents[node]
+        return path[::-1]
+
+
+@lru_cache(maxsize=512)
+def tree_layout(shape: TreeShape) -> TreeLayout:
+    """The layout of a shape (cached: a run uses a handful of shapes)."""
+    index: Dict[Path, int] = {(): 0}
+    for path in shape.paths:
+        index[path] = len(index)
+    n = len(index)
+    parents = [-1] + [index[p[:-1]] for p in shape.paths]
+    depths = [0] + [len(p) for p in shape.paths]
+    slots = [0] + [p[-1] for p in shape.paths]
+    kids: list = [[] for _ in range(n)]
+    for node in range(1, n):
+        kids[parents[node]].append(node)
+    children = tuple(tuple(sorted(c, key=lambda node: slots[node])) for c in kids)
+    main = [0]
+    while children[main[-1]]:
+        main.append(children[main[-1]][0])
+    parents_t = torch.tensor(parents, dtype=torch.long)
+    # attend[i, j]: j is i or one of its ancestors. "Self or parent" squared k times reaches
+    # 2^k levels up: log2(depth) small matrix products, not one step per level.
+    reach = torch.eye(n)
+    reach[torch.arange(1, n), parents_t[1:]] = 1.0
+    for _ in range(max(1, max(depths)).bit_length()):
+        reach = (reach @ reach).clamp(max=1.0)
+    attend = reach > 0
+    return TreeLayout(
+        shape=shape, parents=parents_t, depths=torch.tensor(depths, dtype=torch.long),
+        candidate_index=torch.tensor(slots, dtype=torch.long), attend=attend, children=children,
+        main_nodes=tuple(main), node_depths=tuple(depths), node_slots=tuple(slots),
+    )
+
+
 def build_tree_layout(widths: Tuple[int, ...], chain_len: int, side_leaves: Tuple[int, ...] = (),
                       side_len: int = 0) -> TreeLayout:
-    """The layout for these level widths and chain length, built with tensor ops (once per shape).
-
-    side_leaves, side_len: hang a chain of side_len drafts (the main chain's first ones) off each
-    of these leaves (local indices at the last level; never the main branch's leaf 0).
-    """
-    widths = tuple(int(w) for w in widths)
-    side_len = min(int(side_len), chain_len) if widths else 0
-    side_leaves = tuple(int(l) for l in side_leaves) if side_len else ()
-    parents, depths, cand = [torch.tensor([-1])], [torch.zeros(1, dtype=torch.long)], [torch.zeros(1, dtype=torch.long)]
-    offsets = [0]
-    size, start = 1, 0
-    for d, k in enumerate(widths, start=1):  # one step per PD level (D - 1 of them)
-        offsets.append(start + size)
-        local = torch.arange(size * k)
-        parents.append(start + torch.div(local, k, rounding_mode="floor"))
-        depths.append(torch.full((size * k,), d, dtype=torch.long))
-        cand.append(local % k)
-        start, size = start + size, size * k
-    main_tree = [0] + [offsets[d] for d in range(1, len(widths) + 1)]
-    num_tree = start + size
-    chain_nodes = torch.arange(num_tree, num_tree + chain_len)
-    parents.append(torch.cat([torch.tensor([main_tree[-1]]), chain_nodes[:-1]]) if chain_len else chain_nodes)
-    depths.append(torch.arange(1, chain_len + 1) + len(widths))
-    cand.append(torch.zeros(chain_len, dtype=torch.long))
-    leaf_base = offsets[-1]
-    num_leaves = size if widths else 0
-    assert all(0 < leaf < num_leaves for leaf in side_leaves), side_leaves
-    side_start = num_tree + chain_len
-    leaf_rows, row_nodes, row_offsets = [], [], []
-    side_index = {leaf: i for i, leaf in enumerate(side_leaves)}
-    for leaf in range(num_leaves):  # host bookkeeping, one entry per leaf row
-        chain = []
-        if leaf in side_index:
-            first = side_start + side_index[leaf] * side_len
-            chain = list(range(first, first + side_len))
-        leaf_rows.append((len(row_nodes), 1 + len(chain)))
-        row_nodes += [leaf_base + leaf] + chain
-        row_offsets += list(range(1 + len(chain)))
-    for leaf in side_leaves:  # each side chain: first draft's parent is its leaf
-        first = side_start + side_index[leaf] * side_len
-        parents.append(torch.cat([torch.tensor([leaf_base + leaf]), torch.arange(first, first + side_len - 1)]))
-        depths.append(torch.arange(1, side_len + 1) + len(widths))
-        cand.append(torch.zeros(side_len, dtype=torch.long))
-    parents_t, depths_t, cand_t = torch.cat(parents), torch.cat(depths), torch.cat(cand)
-    main_path = main_tree + list(range(num_tree, num_tree + chain_len))
-
-    # attend[i, j]: j is i or one of its ancestors; walk every node up one level per step.
-    n = int(parents_t.shape[0])
-    attend = torch.zeros(n, n, dtype=torch.bool)
-    rows = torch.arange(n)
-    ancestor = rows.clone()
-    for _ in range(len(widths) + chain_len + 1):  # tree depth + chain length steps, not nodes
-        alive = ancestor >= 0
-        attend[rows[alive], ancestor[alive]] = True
-        ancestor = torch.where(alive, parents_t[ancestor.clamp(min=0)], ancestor)
-    return TreeLayout(
-        widths=widths,
-        chain_len=chain_len,
-        parents=parents_t,
-        depths=depths_t,
-        level_offsets=tuple(offsets),
-        candidate_index=cand_t,
-        main_path=torch.tensor(main_path, dtype=torch.long),
-        attend=attend,
-        main_nodes=tuple(main_path),
-        side_leaves=side_leaves,
-        side_len=side_len if side_leaves else 0,
-        leaf_rows=tuple(leaf_rows),
-        row_nodes=tuple(row_nodes),
-        row_offsets=tuple(row_offsets),
-    )
+    """The layout of `level_tree_shape(widths, chain_len, side_leaves, side_len)`."""
+    return tree_layout(level_tree_shape(widths, chain_len, side_leaves, side_len))
 
 
 def tree_attention_mask(

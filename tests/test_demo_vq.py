@@ -192,6 +192,8 @@ def test_gpt2_option_trains_loads_and_is_seed_exact(tmp_path):
     train.main(["--smoke", "--arch", "gpt2", "--prompt-slots", "20", "--out", str(tmp_path), "--no-progress"])
     model = sp.load_model(str(tmp_path))
     assert type(model.token_model.model).__name__ == "GPT2LMHeadModel"
+    # GPT-2 keeps its blocks in `h`, not `layers`: the shared KV storage must still apply.
+    assert model.token_model.cache_layers == model.token_model.model.config.n_layer
     short = model.encode_prompt("a red circle top left on a blue background")
     long = model.encode_prompt("a large red circle top left and a small blue star bottom right on a white background")
     assert short.prompt_ids.shape == long.prompt_ids.shape == short.uncond_ids.shape == (22,)

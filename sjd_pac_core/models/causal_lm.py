@@ -231,11 +231,13 @@ class CausalLMAdapter(TokenModel):
     def cache_layers(self) -> Optional[int]:
         """The decoder's layer count when every layer sits on one device (their cache then
         shares one storage), else None."""
-        layers = getattr(self.model.get_decoder(), "layers", None)
+        config = self.model.config
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        layers = getattr(text, "num_hidden_layers", None)  # GPT-2's n_layer too (its attribute map)
         devices = set(getattr(self.model, "hf_device_map", {}).values())
-        if not isinstance(layers, torch.nn.ModuleList) or len(devices) > 1:
+        if not isinstance(layers, int) or layers < 1 or len(devices) > 1:
             return None
-        return len(layers)
+        return layers
 
     @property
     def mask_dtype(self) -> torch.dtype:

@@ -76,7 +76,10 @@ class SamplerConfig:
         "sjd_pac" (SJD with Adaptive Continuation and Proactive Drafting). All three are lossless.
     window: L, the number of draft tokens verified per forward pass (sjd, sjd_pac), or "auto":
         chosen every pass from the measured forward cost of each window size on this hardware
-        and the acceptance seen so far, to maximise tokens per second.
+        and the acceptance seen so far, to maximise tokens per second. On an eager run with a
+        Proactive Drafting tree, "auto" chooses the tree too, among the configured tree and
+        narrower ones (fewer levels, fewer candidates): where every node costs, as on a CPU, a
+        small tree wins; where passes are nearly free, the configured one.
     tree_depth, tree_width: D and K of Proactive Drafting; the tree branches at the D-1
         positions after a rejection, with at most K candidates each.
     tree_every_pass: put the Proactive Drafting tree on the first D-1 positions of every pass's

@@ -99,10 +99,10 @@ def test_config_picks_the_drafter_and_its_tree_shape():
 class _GreedyFirstDraft(drafters.EveryPassTreeDrafter):
     """Planted bug: the first tree level's main draft is argmax q, but verified as a draw from q."""
 
-    def make_tree(self, ctx, window, start):
+    def make_tree(self, ctx, window, start, widths=None):
         if len(window):
             window.tokens[0] = window.q[0].argmax()
-        return super().make_tree(ctx, window, start)
+        return super().make_tree(ctx, window, start, widths)
 
 
 def test_negative_control_greedy_tree_draft_is_caught(tiny, monkeypatch):

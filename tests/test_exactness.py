@@ -218,3 +218,43 @@ def test_planted_sibling_bug_is_caught(fault):
         p_value, worst, share = pd_check(config, PLANTED_SIBLING_SAMPLES[fault], seed0=10**6)
     assert calls.count > 0, f"the seam of {fault} never ran; re-target it in exactness_tools.FAULTS"
     assert p_value < P_VALUE_PLANTED_MAX, f"planted bug {fault} went unnoticed: p = {p_value:.2e} at {worst}"
+
+
+# --- window="auto" choosing the tree: any choice made from the past keeps the law -----------------
+
+def _random_auto_choices(monkeypatch, seed: int) -> set:
+    """Make the auto policy pick (L, tree) at random among its candidates every pass (a choice
+    from the past only, as every real policy's is); returns the set of trees it picked."""
+    from sjd_pac_core.engine.window import AutoTreeWindow
+
+    rng = __import__("random").Random(seed)
+    picked: set = set()
+
+    def random_pair(self):
+        tree = rng.choice(self.trees)
+        picked.add(tree)
+        self.tree_choice = tree
+        return rng.choice(self.candidates[:7])
+
+    monkeypatch.setattr(AutoTreeWindow, "_best_window", random_pair)
+    monkeypatch.setattr(AutoTreeWindow, "EXPLORE_FIRST", 0)
+    return picked
+
+
+AUTO_TREE_CONFIG = RejectionConfig(method="sjd_pac", window="auto", tree_width=4, tree_depth=3, tree_first_width=4)
+
+
+def test_auto_window_with_changing_trees_matches_exact_marginals(monkeypatch):
+    picked = _random_auto_choices(monkeypatch, seed=0)
+    p_value, worst, share = pd_check(AUTO_TREE_CONFIG, 1500)
+    assert len(picked) >= 6, picked
+    assert share >= SIDE_BRANCH_SHARE_MIN, f"side branches won only {share:.0%} of tree passes"
+    assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
+
+
+def test_planted_sibling_bug_under_changing_trees_is_caught(monkeypatch):
+    _random_auto_choices(monkeypatch, seed=1)
+    with planted_fault("pd_tempered_siblings") as calls:
+        p_value, worst, _ = pd_check(AUTO_TREE_CONFIG, 3000, seed0=10**6)  # p < 1e-10 at seeds 0-3
+    assert calls.count > 0
+    assert p_value < P_VALUE_PLANTED_MAX, f"planted bug went unnoticed under changing trees: p = {p_value:.2e} at {worst}"

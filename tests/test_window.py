@@ -198,3 +198,121 @@ def test_planted_mean_hazard_extrapolation_stays_at_the_short_window(monkeypatch
     monkeypatch.setattr(window_module._Survival, "tail_hazard", window_module._Survival.mean_hazard)
     windows = picked_with_hazards(AutoWindow(DEMO_COMPILED, start=8, candidates=(8, 16, 32, 64)), demo_like_hazard)
     assert sorted(windows)[len(windows) // 2] == 8, windows
+
+
+# --- window="auto" chooses the tree too (eager runs with a PD tree) -----------------------------
+
+from sjd_pac_core.engine.window import AutoTreeWindow, _SlotRanks, narrower_trees  # noqa: E402
+
+# A CPU-like cost: every node adds as much as a tenth of a one-token pass (the demo on one core).
+NODE_LINEAR = CostCurve((1, 128), (1.0, 13.7))
+
+
+def test_narrower_trees_are_the_configured_tree_and_its_cheaper_cousins():
+    assert narrower_trees((8, 4)) == ((), (2,), (4,), (8,), (2, 2), (2, 4), (4, 2), (4, 4), (8, 2), (8, 4))
+    assert narrower_trees((3,)) == ((), (2,), (3,))
+    assert narrower_trees(()) == ((),)
+
+
+def test_slot_ranks_read_any_narrower_width_and_respect_censoring():
+    ranks = _SlotRanks(decay=1.0)
+    for slot in [0] * 50 + [1] * 25 + [3] * 5:  # passes with 4 candidates, each took this slot
+        ranks.add((4,), (slot,), accepted=1)
+    for _ in range(20):  # ... and 20 rejected all 4
+        ranks.add((4,), (), accepted=0)
+    assert abs(ranks.passed(0, 1) - 0.5) < 1e-9 and abs(ranks.passed(0, 2) - 0.75) < 1e-9
+    assert abs(ranks.passed(0, 4) - 0.8) < 1e-9
+    for _ in range(100):  # one-candidate passes that failed: they say only "slot >= 1"
+        ranks.add((1,), (), accepted=0)
+    assert abs(ranks.passed(0, 1) - 50 / 200) < 1e-9  # slot 0's hazard counts them
+    assert abs(ranks.passed(0, 2) - (1 - 150 / 200 * (1 - 25 / 50))) < 1e-9  # slot 1's does not
+    assert ranks.passed(0, 8) == ranks.passed(0, 4) and ranks.passed(1, 1) == 0.0  # never tried: never passed
+
+
+def drive_tree_policy(policy: AutoTreeWindow, slot_law, chain_accept: float, passes: int = 120, seed: int = 0):
+    """Passes whose tree levels take slot s with probability slot_law[s] (None past the list:
+    all candidates rejected) and whose chain drafts are each accepted with chain_accept."""
+    rng = random.Random(seed)
+    choices = []
+    for _ in range(passes):
+        window, tree = policy.next_window(), policy.next_tree()
+        choices.append((window, tree))
+        levels = min(len(policy.full_tree), window)
+        widths = (tuple(tree) + (1,) * levels)[:levels]
+        branch = []
+        for width in widths:
+            slot = rng.choices(range(len(slot_law) + 1), weights=list(slot_law) + [1 - sum(slot_law)])[0]
+            if slot >= width:
+                break
+            branch.append(slot)
+        accepted = len(branch)
+        if accepted == levels and all(s == 0 for s in branch):
+            while accepted < window and rng.random() < chain_accept:
+                accepted += 1
+        ended_in_tree = accepted == levels and any(branch)
+        policy.observe(accepted, censored=accepted == window or ended_in_tree, window=window,
+                       tree_levels=len(tree), branch=tuple(branch) + (0,) * (accepted - len(branch)),
+                       widths=tree)
+    return choices
+
+
+def steady(choices):
+    """The choice made most often after the first 20 passes."""
+    tail = choices[20:]
+    return max(set(tail), key=tail.count)
+
+
+def test_cheap_passes_keep_the_configured_tree_where_side_slots_win():
+    """Both levels and the full first level stay; the second level's slots 2-3 are seen only on
+    the exploration passes (a slot never tried counts as never accepted), so (8, 2) may win."""
+    policy = AutoTreeWindow(CHEAP_PASSES, narrower_trees((8, 4)))
+    choices = drive_tree_policy(policy, slot_law=(0.4, 0.15, 0.1, 0.08, 0.05, 0.04, 0.03, 0.03), chain_accept=0.9)
+    window, tree = steady(choices)
+    assert len(tree) == 2 and tree[0] == 8, choices[-10:]
+    assert sorted(w for w, _ in choices[20:])[50] > 2, choices  # and a chain after the tree
+
+
+def test_costly_nodes_choose_a_small_tree_and_the_exploration_passes_stay_full():
+    policy = AutoTreeWindow(NODE_LINEAR, narrower_trees((8, 4)))
+    choices = drive_tree_policy(policy, slot_law=(0.5, 0.1, 0.04, 0.02, 0.01, 0.01, 0.01, 0.01), chain_accept=0.8)
+    window, tree = steady(choices)
+    assert len(tree) <= 1 and (not tree or tree[0] <= 4), choices[-10:]
+    explored = [i for i, (_, t) in enumerate(choices) if t == (8, 4)]
+    assert explored[:4] == [0, 1, 2, 3] and AutoTreeWindow.EXPLORE_EVERY - 1 in explored or \
+        AutoTreeWindow.EXPLORE_EVERY in explored, explored
+
+
+def test_the_pass_overhead_makes_short_windows_dearer():
+    cheap_overhead = AutoWindow(NODE_LINEAR)
+    dear_overhead = AutoWindow(NODE_LINEAR)
+    for _ in range(30):
+        dear_overhead.note_overhead(5.0)  # five one-token forwards outside every pass
+    assert abs(dear_overhead.pass_overhead - 5.0) < 0.01 and dear_overhead.pass_cost(1) > 5.9
+    cheap = sorted(picked_windows(cheap_overhead, accept=0.8, passes=80))[40]
+    dear = sorted(picked_windows(dear_overhead, accept=0.8, passes=80))[40]
+    assert dear > cheap, (cheap, dear)
+
+
+def test_auto_tree_choices_keep_the_ar_tokens(monkeypatch):
+    """Whatever (L, tree) the policy picks, from its past only, the gumbel rule gives AR's tokens:
+    here it picks at random among every narrower tree and window."""
+    rng = random.Random(0)
+    picked = set()
+
+    def random_pair(self):
+        window, tree = rng.choice(self.candidates[:6]), rng.choice(self.trees)
+        picked.add(tree)
+        self.tree_choice = tree
+        return window
+
+    monkeypatch.setattr(AutoTreeWindow, "_best_window", random_pair)
+    monkeypatch.setattr(AutoTreeWindow, "EXPLORE_FIRST", 0)
+    lm = seed_exact_lm()
+    prompt = torch.tensor([5, 9, 13])
+    for seed in range(2):
+        config = sp.SamplerConfig(method="sjd_pac", window="auto", verify="gumbel", cfg_scale=1.5)
+        ar = sp.sample_tokens(lm, prompt, 80, config=config.with_(method="ar"), seed=seed, uncond_prompt_ids=[2])
+        auto = sp.sample_tokens(lm, prompt, 80, config=config, seed=seed, uncond_prompt_ids=[2])
+        assert torch.equal(ar.tokens, auto.tokens)
+        assert len({r.tree_nodes for r in auto.stats.records[1:]}) >= 4
+    assert len(picked) >= 6

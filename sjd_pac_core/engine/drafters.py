@@ -45,6 +45,7 @@ class TreeDraft:
     candidates: torch.Tensor
     valid: torch.Tensor
     shape: TreeShape
+    widths: Tuple[int, ...] = ()  # a level tree's candidates per level (empty for another shape)
 
     @property
     def levels(self) -> int:
@@ -93,6 +94,7 @@ class PassReport:
     verdict: Verdict  # device: every node's decision, draw and p
     proposal_logits: torch.Tensor  # [B, V] raw logits of the furthest node the next window continues from
     stale: StaleRows  # the verdict and p for each position after the final token (verdict.continuation)
+    tree_widths: Optional[Tuple[int, ...]] = None  # the tree the window policy wants (None: the drafter's own)
 
 
 class Drafter(ABC):
@@ -146,7 +148,7 @@ class Drafter(ABC):
                                            ctx.positions[start : start + levels])
         chain = len(window) - levels
         leaves = one_deviation_leaves(widths) if side_chain and chain else ()
-        return TreeDraft(cands, valid, level_tree_shape(widths, chain, leaves, min(side_chain, chain)))
+        return TreeDraft(cands, valid, level_tree_shape(widths, chain, leaves, min(side_chain, chain)), widths)
 
 
 class SJDDrafter(Drafter):
@@ -197,8 +199,11 @@ class PACDrafter(SJDDrafter):
             return 0
         return tree_side_nodes(self.widths) + len(one_deviation_leaves(self.widths)) * self.side_chain
 
-    def make_tree(self, ctx: DraftContext, window: DraftWindow, start: int) -> Optional[TreeDraft]:
-        return self.shaped_tree(ctx, window, start, self.widths, self.side_chain)
+    def make_tree(self, ctx: DraftContext, window: DraftWindow, start: int,
+                  widths: Optional[Tuple[int, ...]] = None) -> Optional[TreeDraft]:
+        """The level tree on the window's first positions: `widths` (the window policy's choice,
+        e.g. a narrower tree on hardware where nodes cost) or the configured ones."""
+        return self.shaped_tree(ctx, window, start, self.widths if widths is None else widths, self.side_chain)
 
     def continue_window(self, ctx: DraftContext, report: PassReport) -> Tuple[DraftWindow, int]:
         """Adaptive Continuation: the verdict's own draw at each node, which keeps the old draft
@@ -211,7 +216,7 @@ class PACDrafter(SJDDrafter):
     def next_tree(self, ctx: DraftContext, report: PassReport, window: DraftWindow) -> Optional[TreeDraft]:
         if not (self.proactive and report.outcome.rejected):
             return None
-        return self.make_tree(ctx, window, report.num_committed)
+        return self.make_tree(ctx, window, report.num_committed, report.tree_widths)
 
 
 class EveryPassTreeDrafter(PACDrafter):
@@ -224,7 +229,7 @@ class EveryPassTreeDrafter(PACDrafter):
         return Draft(draft.window, self.make_tree(ctx, draft.window, start) if self.proactive else None)
 
     def next_tree(self, ctx: DraftContext, report: PassReport, window: DraftWindow) -> Optional[TreeDraft]:
-        return self.make_tree(ctx, window, report.num_committed) if self.proactive else None
+        return self.make_tree(ctx, window, report.num_committed, report.tree_widths) if self.proactive else None
 
 
 def make_drafter(config: SamplerConfig) -> Drafter:

@@ -39,8 +39,8 @@ from .stats import PassRecord, RunStats
 from .sync import SyncCounter, copy_to_device, synchronize, to_device
 from .timing import ForwardTimer
 from .verdict import PassOutcome, StaleRows, Verdict, continuation, walk
-from .window import (AUTO_START_WINDOW, CANDIDATE_WINDOWS, COMPILED_CANDIDATE_WINDOWS, PROBE_SIZES, AutoWindow,
-                     FixedWindow, measure_cost_curve)
+from .window import (AUTO_START_WINDOW, CANDIDATE_WINDOWS, COMPILED_CANDIDATE_WINDOWS, PROBE_SIZES, AutoTreeWindow,
+                     AutoWindow, FixedWindow, measure_cost_curve, narrower_trees)
 
 
 class GenerationCancelled(RuntimeError):
@@ -213,6 +213,9 @@ class _Decoder:
         self.ctx = DraftContext(self.rule, self.recipe, self.constraints, self.num_tokens,
                                 config.init_proposal, self.positions)
         self.timer = ForwardTimer(self.device)
+        # An eager auto run chooses its tree too (a compiled one keeps its few pass shapes).
+        self.adaptive_tree = (config.auto_window and not config.compile and config.use_pd
+                              and config.side_chain_len == 0)
 
     def _window_target(self, num_committed: int) -> int:
         return min(self.window_policy.next_window(), self.num_tokens - num_committed)
@@ -253,7 +256,12 @@ class _Decoder:
             self.window_policy = FixedWindow(AUTO_START_WINDOW)  # until the warm-up times the graphs
         elif self.config.auto_window:
             cost = measure_cost_curve(self.model, session, committed[0])
-            self.window_policy = AutoWindow(cost, extra_nodes=self.config.tree_side_nodes)
+            if self.adaptive_tree:
+                self.window_policy = AutoTreeWindow(cost, narrower_trees(self.config.tree_widths),
+                                                    candidates=self.candidates)
+            else:
+                self.window_policy = AutoWindow(cost, extra_nodes=self.config.tree_side_nodes,
+                                                candidates=self.candidates)
         target = self._window_target(1)
         self.rule.prepare(1)
         draft = self.drafter.first(self.ctx, logits, 1, target)
@@ -275,8 +283,14 @@ class _Decoder:
         last_depth = self.num_tokens - n  # a node at this depth holds the image's last token
         outcome = walk(layout, decisions, last_depth)
         self._commit(state, plan, verdict, outcome)
-        self.window_policy.observe(outcome.accepted, censored=not outcome.rejected, window=len(window),
-                                   tree_levels=plan.shape.levels)
+        tree = plan.draft.tree
+        if isinstance(self.window_policy, AutoTreeWindow):
+            self.window_policy.observe(outcome.accepted, censored=not outcome.rejected, window=len(window),
+                                       tree_levels=plan.shape.levels, branch=outcome.branch,
+                                       widths=tree.widths if tree is not None else ())
+        else:
+            self.window_policy.observe(outcome.accepted, censored=not outcome.rejected, window=len(window),
+                                       tree_levels=plan.shape.levels)
         if not state.done:
             target = self._window_target(state.num_committed)
             self.rule.prepare(state.num_committed)
@@ -284,7 +298,8 @@ class _Decoder:
             report = PassReport(start=n, num_committed=state.num_committed, target=target, draft=plan.draft,
                                 outcome=outcome, decisions=decisions, verdict=verdict,
                                 proposal_logits=logits[:, carried.proposal],
-                                stale=StaleRows.gather(verdict, decisions, carried.nodes, self.device))
+                                stale=StaleRows.gather(verdict, decisions, carried.nodes, self.device),
+                                tree_widths=self._tree_target())
             state.draft, state.target = self.drafter.next(self.ctx, report), target
         self._record(state, stats, callback, start, syncs, committed=state.num_committed - n,
                      window=len(window), tree_nodes=layout.num_nodes - 1 - len(window),
@@ -317,6 +332,10 @@ class _Decoder:
         synchronize(self.device)
         return time.perf_counter() - start
 
+    def _tree_target(self) -> Optional[Tuple[int, ...]]:
+        """The tree the window policy wants for the next pass (None: the drafter's own)."""
+        return self.window_policy.next_tree() if isinstance(self.window_policy, AutoTreeWindow) else None
+
     def _envelope_window(self, drafts: int) -> int:
         """The window a pass of `drafts` drafts is padded to: itself, or on a compiled auto run
         the smallest candidate that holds it (a compiled graph exists only for those)."""
@@ -331,7 +350,12 @@ class _Decoder:
         draft = state.draft
         window, tree = draft.window, draft.tree
         levels, width = (tree.levels, tree.width) if tree is not None else (0, 1)
-        side = self.drafter.max_side_nodes if tree is not None else 0
+        if tree is None:
+            side = 0
+        elif self.adaptive_tree:  # its shapes vary anyway: pad only to the chosen tree
+            side = tree.shape.num_nodes - 1 - len(window)
+        else:
+            side = self.drafter.max_side_nodes
         # The policy's window, not the positions left: the shape stays fixed up to the image's end.
         envelope = 1 + self._envelope_window(max(self.window_policy.next_window(), len(window))) + side
         shape = pass_shape(tree_layout(draft.shape), levels, width, len(window), envelope, self.device)
@@ -387,5 +411,7 @@ class _Decoder:
                             wall_time=time.perf_counter() - start, forward_time=self.timer.seconds(),
                             host_syncs=SyncCounter.count - syncs, **fields)
         stats.records.append(record)
+        if isinstance(self.window_policy, AutoWindow) and record.envelope:
+            self.window_policy.note_overhead(record.wall_time - record.forward_time)
         if callback is not None:
             callback(Progress(record, stats, state.committed[: state.num_committed], state.num_tokens))

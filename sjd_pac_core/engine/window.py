@@ -4,7 +4,8 @@
 expected tokens per second: expected tokens per pass from the acceptance seen so far in this run,
 divided by the forward cost of a pass of that size, measured once per model and device. The
 choice depends only on the past, and every draft keeps its known q, so the sampler stays exact
-whatever L it picks.
+whatever L it picks. `AutoTreeWindow` (window="auto" on an eager run with a PD tree) picks the
+tree's widths with L, from counts of which candidate slot each tree level accepted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..config import tree_side_nodes
 from ..models.base import DecoderSession, TokenModel
 
 PROBE_SIZES: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
@@ -196,6 +198,15 @@ class AutoWindow:
         self.tree = _Survival(decay)  # runs through the tree's levels
         self.chain = _Survival(decay)  # runs along the continued chain
         self.levels = 0  # tree levels of the last pass
+        self.pass_overhead = 0.0  # seconds a pass costs outside the forward (the loop measures it)
+
+    def note_overhead(self, seconds: float) -> None:
+        """A pass's sampler time outside the forward: it costs every pass alike, so it makes a
+        short window dearer than the forward's cost curve alone says."""
+        self.pass_overhead += 0.2 * (max(seconds, 0.0) - self.pass_overhead)
+
+    def pass_cost(self, nodes: int) -> float:
+        return self.cost(nodes) + self.pass_overhead
 
     @property
     def at_risk(self) -> List[float]:
@@ -234,10 +245,197 @@ class AutoWindow:
 
     def _best_window(self) -> int:
         def speed(w: int) -> float:
-            return self.expected_tokens(w) / self.cost(1 + w + self.extra_nodes)
+            return self.expected_tokens(w) / self.pass_cost(1 + w + self.extra_nodes)
 
         best, best_speed = self.candidates[0], speed(self.candidates[0])
         for w in self.candidates[1:]:  # ascending: a longer window must pay for itself
             if speed(w) > best_speed * (1.0 + self.RELATIVE_GAIN):
                 best, best_speed = w, speed(w)
         return best
+
+
+def narrower_trees(widths: Sequence[int]) -> Tuple[Tuple[int, ...], ...]:
+    """The trees an auto policy may choose instead of `widths`: fewer levels, and each level's
+    width a power of two up to its configured width (the configured tree itself included)."""
+    def ladder(width: int) -> List[int]:
+        steps = [w for w in (2, 4, 8, 16, 32, 64) if w < width]
+        return steps + [width] if width >= 2 else []
+
+    trees: List[Tuple[int, ...]] = [()]
+    for levels in range(1, len(widths) + 1):
+        trees += [t for t in _products([ladder(w) for w in widths[:levels]])]
+    return tuple(dict.fromkeys(trees))
+
+
+def _products(options: Sequence[Sequence[int]]) -> List[Tuple[int, ...]]:
+    out: List[Tuple[int, ...]] = [()]
+    for choices in options:
+        out = [head + (w,) for head in out for w in choices]
+    return out
+
+
+class _SlotRanks:
+    """Per tree level, decayed counts of which candidate slot verification accepted.
+
+    A level's accepted slot does not depend on how many candidates it had (the candidates are a
+    draw without replacement, tried in order, or the top-k of log q + G), so counts taken with
+    W candidates give P(a level with w <= W candidates is passed). A level that rejected all
+    its w candidates says only "slot >= w" (censored), as in a survival table over slots.
+    """
+
+    def __init__(self, decay: float, wide_decay: Optional[float] = None) -> None:
+        # Slot 0 is tried on every pass that reaches a level and follows the run tables' decay;
+        # the wider slots, which most passes censor, may forget more slowly (`wide_decay`).
+        self.decay = decay
+        self.wide_decay = decay if wide_decay is None else wide_decay
+        self.at_risk: List[List[float]] = []  # [level][slot]
+        self.events: List[List[float]] = []
+
+    def _aged(self, table: List[List[float]]) -> List[List[float]]:
+        return [[w * (self.decay if s == 0 else self.wide_decay) for s, w in enumerate(row)] for row in table]
+
+    def age(self) -> None:
+        self.at_risk = self._aged(self.at_risk)
+        self.events = self._aged(self.events)
+
+    def add(self, widths: Sequence[int], branch: Sequence[int], accepted: int) -> None:
+        """widths: the pass's tree; branch: the slot taken at each accepted level; accepted: the
+        pass's accepted drafts (a level it did not reach is not at risk)."""
+        for level, width in enumerate(widths):
+            if level > accepted:
+                break
+            while len(self.at_risk) <= level:
+                self.at_risk.append([])
+                self.events.append([])
+            passed = level < len(branch)
+            slot = branch[level] if passed else width  # rejected: every slot < width failed
+            risk, events = self.at_risk[level], self.events[level]
+            while len(risk) < min(slot + 1, width):
+                risk.append(0.0)
+                events.append(0.0)
+            for s in range(min(slot + 1, width)):  # at most the level's width (a few slots)
+                risk[s] += 1.0
+            if passed:
+                events[slot] += 1.0
+
+    def passed(self, level: int, width: int) -> float:
+        """P(a level of `width` candidates is passed); a slot never tried counts as never accepted
+        (the policy's exploration passes keep the wide slots measured)."""
+        if level >= len(self.at_risk):
+            return 0.0
+        fail = 1.0
+        for s in range(width):
+            risk = self.at_risk[level][s] if s < len(self.at_risk[level]) else 0.0
+            if risk > 0.5:
+                fail *= 1.0 - self.events[level][s] / risk
+            else:
+                break
+        return 1.0 - fail
+
+
+
+class AutoTreeWindow(AutoWindow):
+    """window="auto" with a Proactive Drafting tree, on an eager run: chooses the window and the
+    tree together, among `trees` (the configured tree and narrower ones), to maximise expected
+    tokens per second. Where every node costs (a CPU), a 40-node tree can cost more than it
+    gains; where passes are nearly free (a GPU), the configured tree wins.
+
+    Expected tokens of (L, tree w): 1 + sum_{k <= levels} prod_{d < k} P(level d passed | w_d)
+    + sum_{k > levels} P(the main branch survives to k), where the main branch's survival uses
+    slot 0 at the configured tree's levels and the chain's hazards after them (a path through a
+    side branch ends the pass at the tree: side chains are off). A position the chosen tree does
+    not branch at counts as a level of width 1, so the slot and chain tables keep one meaning
+    whatever was chosen. Every EXPLORE_EVERY-th pass (and the first EXPLORE_FIRST) uses the
+    configured tree, so its wide slots stay measured. The choice depends only on the past: the
+    sampler stays exact.
+    """
+
+    EXPLORE_FIRST = 4
+    EXPLORE_EVERY = 32
+    WIDE_SLOT_DECAY = 0.99
+    RELATIVE_GAIN = 0.01  # the slot estimates are never exactly 0: a bigger pass must pay clearly
+
+    def __init__(self, cost: CostCurve, trees: Sequence[Tuple[int, ...]], start: int = AUTO_START_WINDOW,
+                 decay: float = 0.9, candidates: Sequence[int] = CANDIDATE_WINDOWS) -> None:
+        self.trees = tuple(sorted(set(trees), key=lambda t: (tree_side_nodes(t), len(t))))
+        self.full_tree = self.trees[-1]
+        super().__init__(cost, extra_nodes=tree_side_nodes(self.full_tree), start=start, decay=decay,
+                         candidates=candidates)
+        # The wide slots forget more slowly than slot 0: most passes censor them, and only the
+        # exploration passes measure them.
+        self.slots = _SlotRanks(decay, wide_decay=self.WIDE_SLOT_DECAY)
+        self.forward_costs = [[cost(1 + w + tree_side_nodes(t)) for w in self.candidates] for t in self.trees]
+        self.passes = 0
+        self.tree_choice = self.full_tree
+
+    def next_tree(self) -> Tuple[int, ...]:
+        """The tree widths for the next pass."""
+        return self.tree_choice
+
+    def observe(self, accepted: int, censored: bool, window: int, tree_levels: int = 0,
+                branch: Sequence[int] = (), widths: Sequence[int] = ()) -> None:
+        """branch: the slot taken at each accepted depth; widths: the pass's tree."""
+        self.passes += 1
+        levels = min(len(self.full_tree), window)
+        padded = (tuple(widths) + (1,) * levels)[:levels]
+        self.slots.age()
+        self.slots.add(padded, tuple(branch)[:levels], accepted)
+        super().observe(accepted, censored, window, tree_levels=levels)  # the chain's run; _best_window
+        explore = self.passes < self.EXPLORE_FIRST or self.passes % self.EXPLORE_EVERY == 0
+        if explore:
+            # the whole tree, and a window that reaches just past it, so no slot or level goes
+            # unseen (no longer: carried drafts would keep a long window for many passes)
+            self.tree_choice = self.full_tree
+            self.window = max(self.window, min(self.candidates[-1], len(self.full_tree) + 1))
+
+    def expected_tokens_with(self, window: int, tree: Tuple[int, ...]) -> float:
+        main = self._main_survival(window)
+        return self._expected(window, tree, _prefix_sums(main))
+
+    def _main_survival(self, length: int) -> List[float]:
+        """P(the main branch's first k drafts are all accepted), k = 0..length."""
+        chain = self.chain.hazards(prior=0.5)
+        levels = len(self.full_tree)
+        survive, out = 1.0, [1.0]
+        for k in range(length):
+            survive *= self.slots.passed(k, 1) if k < levels else 1.0 - chain(k - levels)
+            out.append(survive)
+        return out
+
+    def _expected(self, window: int, tree: Tuple[int, ...], main_prefix: List[float]) -> float:
+        levels = min(len(tree), window)
+        total, survive = 1.0, 1.0
+        for d in range(levels):
+            survive *= self.slots.passed(d, tree[d])
+            total += survive
+        return total + main_prefix[window + 1] - main_prefix[levels + 1]  # the chain after the tree
+
+    def _best_window(self) -> int:
+        prefix = _prefix_sums(self._main_survival(max(self.candidates)))
+        widest = max((max(t) for t in self.trees if t), default=1)
+        passed = [[self.slots.passed(d, w) for w in range(widest + 1)] for d in range(len(self.full_tree))]
+        overhead = self.pass_overhead
+        best, best_speed = (self.candidates[0], ()), -1.0
+        for tree, costs in zip(self.trees, self.forward_costs):  # smaller trees, shorter windows first
+            through, survive = 1.0, 1.0  # expected drafts through the tree's levels
+            for d, width in enumerate(tree):
+                survive *= passed[d][width]
+                through += survive
+            for w, cost in zip(self.candidates, costs):
+                levels = min(len(tree), w)
+                if levels < len(tree):  # a window shorter than the tree: count its levels only
+                    expected = self._expected(w, tree, prefix)
+                else:
+                    expected = through + prefix[w + 1] - prefix[levels + 1]
+                speed = expected / (cost + overhead)
+                if speed > best_speed * (1.0 + self.RELATIVE_GAIN):  # a bigger pass must pay
+                    best, best_speed = (w, tree), speed
+        self.tree_choice = best[1]
+        return best[0]
+
+
+def _prefix_sums(values: Sequence[float]) -> List[float]:
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out

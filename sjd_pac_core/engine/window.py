@@ -319,19 +319,22 @@ class _SlotRanks:
                 events[slot] += 1.0
 
     def passed(self, level: int, width: int) -> float:
-        """P(a level of `width` candidates is passed); a slot never tried counts as never accepted
-        (the policy's exploration passes keep the wide slots measured)."""
-        if level >= len(self.at_risk):
+        """P(a level of `width` candidates is passed). A slot with too few passes to say takes
+        the hazard of the last slot that has them, and a level never reached the level above's:
+        optimistic where hazards fall with the slot, so a wider tree gets tried (and measured)
+        instead of looking no better than a narrow one forever."""
+        row = level
+        while row >= 0 and not (row < len(self.at_risk) and self.at_risk[row] and self.at_risk[row][0] > 0.5):
+            row -= 1
+        if row < 0:
             return 0.0
-        fail = 1.0
+        risk_row, event_row = self.at_risk[row], self.events[row]
+        fail, hazard = 1.0, 0.0
         for s in range(width):
-            risk = self.at_risk[level][s] if s < len(self.at_risk[level]) else 0.0
-            if risk > 0.5:
-                fail *= 1.0 - self.events[level][s] / risk
-            else:
-                break
+            if s < len(risk_row) and risk_row[s] > 0.5:
+                hazard = event_row[s] / risk_row[s]
+            fail *= 1.0 - hazard
         return 1.0 - fail
-
 
 
 class AutoTreeWindow(AutoWindow):
@@ -354,6 +357,7 @@ class AutoTreeWindow(AutoWindow):
     EXPLORE_EVERY = 32
     WIDE_SLOT_DECAY = 0.99
     RELATIVE_GAIN = 0.01  # the slot estimates are never exactly 0: a bigger pass must pay clearly
+    SHRINK_GAIN = 0.15  # a narrower tree must promise this much more speed than the configured one
 
     def __init__(self, cost: CostCurve, trees: Sequence[Tuple[int, ...]], start: int = AUTO_START_WINDOW,
                  decay: float = 0.9, candidates: Sequence[int] = CANDIDATE_WINDOWS) -> None:
@@ -415,23 +419,35 @@ class AutoTreeWindow(AutoWindow):
         widest = max((max(t) for t in self.trees if t), default=1)
         passed = [[self.slots.passed(d, w) for w in range(widest + 1)] for d in range(len(self.full_tree))]
         overhead = self.pass_overhead
-        best, best_speed = (self.candidates[0], ()), -1.0
-        for tree, costs in zip(self.trees, self.forward_costs):  # smaller trees, shorter windows first
-            through, survive = 1.0, 1.0  # expected drafts through the tree's levels
+        best_per_tree = []
+        for tree, costs in zip(self.trees, self.forward_costs):
+            through, survive = 1.0, 1.0  # expected tokens through the tree's levels
             for d, width in enumerate(tree):
                 survive *= passed[d][width]
                 through += survive
-            for w, cost in zip(self.candidates, costs):
+            best, best_speed = self.candidates[0], -1.0
+            for w, cost in zip(self.candidates, costs):  # shorter first: a longer window must pay
                 levels = min(len(tree), w)
                 if levels < len(tree):  # a window shorter than the tree: count its levels only
                     expected = self._expected(w, tree, prefix)
                 else:
                     expected = through + prefix[w + 1] - prefix[levels + 1]
                 speed = expected / (cost + overhead)
-                if speed > best_speed * (1.0 + self.RELATIVE_GAIN):  # a bigger pass must pay
-                    best, best_speed = (w, tree), speed
-        self.tree_choice = best[1]
-        return best[0]
+                if speed > best_speed * (1.0 + self.RELATIVE_GAIN):
+                    best, best_speed = w, speed
+            best_per_tree.append((best_speed, best, tree))
+        # The configured tree unless a narrower one is clearly faster: the estimate leaves out
+        # what a tree does for the next pass (after a side-branch win the continued drafts were
+        # verified in the right context), so a small estimated gain is not a real one. With the
+        # configured tree, L is chosen as AutoWindow chooses it (its tree table, counted over
+        # the same levels), so where trees stay whole this policy is AutoWindow.
+        full_speed = best_per_tree[-1][0]
+        speed, window, tree = max(best_per_tree[:-1], default=(-1.0, 0, self.full_tree))
+        if speed <= full_speed * (1.0 + self.SHRINK_GAIN):
+            self.tree_choice = self.full_tree
+            return super()._best_window()
+        self.tree_choice = tree
+        return window
 
 
 def _prefix_sums(values: Sequence[float]) -> List[float]:

@@ -539,6 +539,7 @@ def summarise(runs: Sequence[RunRecord], keys: Iterable[str], reference: Optiona
             "overhead_pct_of_forward": (100.0 * over / fwd if fwd > 0 else float("nan")) if timed else None,
             "outside_sampler_ms_per_image": 1000.0 * sum(r.latency_s - r.sampler_s for r in rs) / len(rs),
             "window_median": statistics.median([w for r in rs for w in r.windows[1:]] or [0]),
+            "tree_nodes_per_pass": sum(r.tree_nodes for r in rs) / passes,
             "speedup_reference": reference,
         }
         speedups = [ref_latency[(r.prompt_index, r.seed)] / r.latency_s
@@ -588,7 +589,9 @@ def markdown_table(summary: Dict[str, dict]) -> str:
             speed = f"{row['speedup_median']:.2f}x [{row['speedup_q25']:.2f}-{row['speedup_q75']:.2f}]"
         else:
             speed = "-"
-        window = f" (median L {row['window_median']:g})" if "@auto" in key else ""
+        window = ""
+        if "@auto" in key:  # what the auto policy chose: L, and the tree where it chooses that too
+            window = f" (median L {row['window_median']:g}, {row.get('tree_nodes_per_pass', 0):.1f} tree nodes/pass)"
         lines.append(
             f"| {_label(key)}{window} | {row['forward_passes_mean']:.1f} | {row['step_compression']:.2f}x | "
             f"{row['latency_s']['median']:.2f} | {speed} | {row['tokens_per_second']:.1f} | "

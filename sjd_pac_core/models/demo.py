@@ -1,4 +1,4 @@
-"""The bundled demo model as an ARImageModel (a small Llama + our VQ; see sjd_pac_core/demo)."""
+"""The bundled demo model as an ARImageModel (a small GPT-2 or Llama + our VQ; see sjd_pac_core/demo)."""
 
 from __future__ import annotations
 

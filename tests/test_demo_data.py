@@ -132,3 +132,32 @@ def test_caption_regions_cover_the_objects():
         assert region.mean() < 0.7, s.caption  # a region, not the whole image (two large objects: 62 %)
     one = D.caption_regions("a small red circle top left on a blue background")
     assert one[1:6, 1:6].all() and not one[7:, :].any() and not one[:, 7:].any()
+
+
+def test_two_objects_are_two_grid_places_apart_and_never_touch():
+    """Data v2: two objects of one image sit at least two places apart on the 3x3 grid of
+    positions (another third on one axis at least), and their shapes do not overlap."""
+    n = 0
+    for i in range(150):
+        s = D.make_sample(4, i)
+        if len(s.objects) != 2:
+            continue
+        (ac, ar), (bc, br) = (D.POSITION_GRID[o.position] for o in s.objects)
+        assert max(abs(ac - bc), abs(ar - br)) >= D.MIN_GRID_DISTANCE, s.caption
+        assert float((s.masks[0] * s.masks[1]).sum()) == 0.0, s.caption
+        n += 1
+    assert n >= 50
+
+
+def test_objects_are_flat_and_sizes_in_their_ranges():
+    """Data v2: objects are flat colour with mild shading (no outline, no stripes): inside the
+    shape, pixels stay near the named colour; radii lie in data.SIZE_RADIUS for their word."""
+    for i in range(40):
+        s = D.make_sample(6, i)
+        for o, m in zip(s.objects, s.masks):
+            lo, hi = D.SIZE_RADIUS[o.size]
+            assert lo <= o.radius <= hi
+            inside = s.image[m > 0.99].astype(np.float64)
+            dist = np.linalg.norm(inside - np.array(D.COLORS[o.color]), axis=1)
+            assert np.percentile(dist, 95) < 40, (s.caption, o, np.percentile(dist, 95))
+            assert (nearest_color(s.image[m > 0.99]) == D.COLOR_NAMES.index(o.color)).mean() > 0.95

@@ -9,7 +9,8 @@ import torch
 
 from sjd_pac_core.demo import data as D
 from sjd_pac_core.demo.model import WEIGHTS_DIR
-from sjd_pac_core.demo.vocab import BOI, BOS, EOL, SPECIALS, DemoVocab
+from sjd_pac_core.demo.vocab import (BOI, BOS, EOL, PAD, SLOT_NAMES, SLOT_WORDS, SPECIALS, DemoVocab, PromptError,
+                                     parse_prompt, slot_caption)
 from sjd_pac_core.demo.vq import VQConfig, VQModel, to_input
 
 HAVE_WEIGHTS = os.path.exists(os.path.join(WEIGHTS_DIR, "vq.safetensors"))
@@ -76,8 +77,13 @@ def test_shipped_vocab_layout(vocab, vq):
     assert vocab.vocab_size == vocab.image_offset + vocab.codebook_size
     assert set(D.CAPTION_WORDS) <= set(vocab.words)
     p = vocab.prompt_ids("a red circle top left on a blue background")
-    assert p[0] == BOS and p[-1] == BOI and len(p) == 11
-    assert vocab.uncond_prompt_ids().tolist() == [BOS, BOI]
+    if vocab.prompt_format == "slots":  # <bos>, the structured caption's 11 slots, <boi>
+        assert p[0] == BOS and p[-1] == BOI and len(p) == len(SLOT_NAMES) + 2 == vocab.prompt_length
+        assert vocab.decode_ids(p[1:-1]).split() == ["top", "left", "medium", "red", "circle"] + ["<pad>"] * 5 + ["blue"]
+        assert vocab.uncond_prompt_ids().tolist() == [BOS] + [PAD] * len(SLOT_NAMES) + [BOI]
+    else:
+        assert p[0] == BOS and p[-1] == BOI and len(p) == 11
+        assert vocab.uncond_prompt_ids().tolist() == [BOS, BOI]
     codes = torch.randint(0, vocab.codebook_size, (3, 16, 16))
     ids = vocab.image_ids(codes)
     assert ids.shape == (3, 16 * 17)
@@ -221,3 +227,135 @@ def test_row_tokens_option_trains_loads_and_is_seed_exact(tmp_path):
     assert torch.equal(tokens[16::17], row_ends)
     assert all(torch.equal(r.tokens.reshape(-1), tokens) for r in runs.values())
     assert runs["ar"].images[0].size == (64, 64)
+
+
+def _slot_vocab():
+    return DemoVocab(words=list(D.CAPTION_WORDS) + SLOT_WORDS, prompt_format="slots")
+
+
+def test_slot_prompts_have_one_length_and_round_trip_every_caption(tmp_path):
+    """The structured prompt: every caption of the generator parses into the slots and back to
+    itself, every prompt has the same length (so image token (row, column) has one absolute
+    position), and the format survives vocab.json."""
+    vocab = _slot_vocab()
+    lengths = set()
+    for split in ("train", "heldout"):
+        for i in range(150):
+            s = D.make_sample(0, i, split)
+            parsed = parse_prompt(s.caption)
+            assert slot_caption(parsed) == s.caption and not parsed.warnings
+            lengths.add(len(vocab.prompt_ids(s.caption)))
+    assert lengths == {len(SLOT_NAMES) + 2} and len(vocab.uncond_prompt_ids()) == len(SLOT_NAMES) + 2
+    two = vocab.prompt_ids("a small red star top left and a large blue circle bottom right on a white background")
+    assert vocab.decode_ids(two[1:-1]).split() == ["top", "left", "small", "red", "star",
+                                                   "bottom", "right", "large", "blue", "circle", "white"]
+    vocab.save(str(tmp_path))
+    again = DemoVocab.load(str(tmp_path))
+    assert again.prompt_format == "slots" and torch.equal(again.prompt_ids("a red ring right on a black background"),
+                                                          vocab.prompt_ids("a red ring right on a black background"))
+    with pytest.raises(ValueError, match="prompt_slots"):
+        DemoVocab(words=list(D.CAPTION_WORDS) + SLOT_WORDS, prompt_format="slots", prompt_slots=20)
+    with pytest.raises(ValueError, match="medium"):
+        DemoVocab(words=list(D.CAPTION_WORDS), prompt_format="slots")
+
+
+@pytest.mark.parametrize("text, slots", [
+    ("a red circle top left on a blue background", ["top", "left", "medium", "red", "circle", "blue"]),
+    ("Red circle, top left, blue background.", ["top", "left", "medium", "red", "circle", "blue"]),
+    ("a large red square in the centre on a white background", ["center", "center", "large", "red", "square", "white"]),
+    ("a small green ring in the middle on black", ["center", "center", "small", "green", "ring", "black"]),
+    ("a medium pink star upper right on a gray background", ["top", "right", "medium", "pink", "star", "gray"]),
+])
+def test_natural_prompts_parse_into_slots(text, slots):
+    parsed = parse_prompt(text)
+    got = parsed.slots()
+    assert got[:5] + got[-1:] == slots and got[5:10] == [None] * 5 and not parsed.warnings
+
+
+def test_missing_place_or_background_is_filled_with_a_warning():
+    parsed = parse_prompt("a red circle")
+    assert parsed.slots()[:5] == ["center", "center", "medium", "red", "circle"] and parsed.background == "white"
+    assert any("center" in w for w in parsed.warnings) and any("background" in w for w in parsed.warnings)
+    assert parse_prompt("a white circle top").background == "black"  # a light object gets a dark ground
+
+
+@pytest.mark.parametrize("text, words", [
+    ("a red cat on the blue field", ["cat", "field", "a large red square in the center on a white background"]),
+    ("a red blue circle top on a black background", ["one colour and one shape"]),
+    ("a circle top on a black background", ["one colour and one shape"]),
+    ("a red circle top and a blue star bottom and a green ring left on a white background", ["at most 2 objects"]),
+    ("a red circle top left bottom right on a white background", ["two places"]),
+])
+def test_prompts_outside_the_grammar_name_the_fix(text, words):
+    with pytest.raises(PromptError) as err:
+        parse_prompt(text)
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_vq_trains_on_crops_and_encodes_whole_images():
+    """`train_vq(crop=32)`: the fully convolutional VQ trains on random 32 px crops on the token
+    grid and still encodes and decodes whole 64 px images; a crop off the grid is refused."""
+    from sjd_pac_core.demo.vq import train_vq
+
+    ims, _ = D.generate(8, seed=0)
+    vq, losses = train_vq(ims, 3, batch_size=4, config=VQConfig(codebook_size=32), progress=False, crop=32)
+    assert np.isfinite(losses["mse"])
+    assert vq.encode(ims[:2]).shape == (2, 16, 16) and vq.decode_to_uint8(vq.encode(ims[:2])).shape == (2, 64, 64, 3)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        train_vq(ims, 1, batch_size=2, config=VQConfig(codebook_size=32), progress=False, crop=30)
+
+
+def test_grid_position_init_codes_row_and_column():
+    """GPT-2's image position embeddings start as a 2D sinusoidal grid: positions in one row
+    share the row half, in one column the column half, and every cell differs."""
+    from transformers import GPT2LMHeadModel
+
+    from sjd_pac_core.demo.train import grid_position_table, init_grid_positions, lm_config
+
+    vocab = _slot_vocab()
+    table = grid_position_table(vocab, 64)
+    assert table.shape == (273, 64)
+    row, col = table[:, :32], table[:, 32:]
+    assert torch.equal(row[0], row[16]) and not torch.equal(row[16], row[17])  # <eol> closes row 0
+    assert torch.equal(col[3], col[3 + 17]) and not torch.equal(col[3], col[4])
+    assert len({tuple(r.tolist()) for r in table}) == 273
+    model = GPT2LMHeadModel(lm_config(vocab, 64, 1, 2, 128, 512, "gpt2"))
+    start = init_grid_positions(model, vocab)
+    assert start == vocab.prompt_length - 1  # <boi> predicts image token 0
+    assert torch.equal(model.transformer.wpe.weight[start : start + 273].detach(), table)
+
+
+def test_weights_name_their_sampling_defaults(tmp_path):
+    """generation_config.json's guidance_scale / temperature / top_k become the folder's defaults."""
+    from sjd_pac_core.models.demo import DemoImageModel, folder_defaults
+
+    base = DemoImageModel.defaults
+    assert folder_defaults(tmp_path, base) == base
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 1.1, "guidance_scale": 1.5,
+                                                                 "do_sample": True}))
+    got = folder_defaults(tmp_path, base)
+    assert (got.temperature, got.cfg_scale, got.top_k, got.window) == (1.1, 1.5, None, base.window)
+
+
+def test_default_training_is_a_gpt2_with_slots_and_seed_exact(smoke_demo_folder):
+    """The training script's default (its smoke run): a GPT-2 over the structured prompt, grid
+    position init, sampling defaults in generation_config.json; the engine drives it exactly
+    (gumbel: AR, SJD and SJD-PAC give identical tokens, CFG on); a prompt outside the grammar is a
+    ConfigError that names the fix."""
+    import sjd_pac_core as sp
+
+    log = json.loads((smoke_demo_folder / "training_log.json").read_text())
+    assert log["lm"]["arch"] == "gpt2" and log["lm"]["prompt_format"] == "slots" and log["lm"]["grid_position_init"]
+    model = sp.load_model(str(smoke_demo_folder))
+    assert type(model.token_model.model).__name__ == "GPT2LMHeadModel"
+    gen = json.loads((smoke_demo_folder / "generation_config.json").read_text())
+    assert (model.defaults.cfg_scale, model.defaults.temperature) == (gen["guidance_scale"], gen["temperature"])
+    enc = model.encode_prompt("a small red circle top left and a blue star right on a white background")
+    assert enc.prompt_ids.shape == enc.uncond_ids.shape == (13,)
+    base = model.defaults.sampler_config(verify="gumbel", cfg_scale=2.0)
+    runs = {m: sp.generate_image(model, "a red circle top left on a blue background", config=base.with_(method=m), seed=2)
+            for m in ("ar", "sjd", "sjd_pac")}
+    assert all(torch.equal(r.tokens, runs["ar"].tokens) for r in runs.values())
+    assert runs["sjd_pac"].stats.forward_passes < runs["ar"].stats.forward_passes
+    with pytest.raises(sp.ConfigError, match="does not know the word cat"):
+        model.encode_prompt("a red cat")

@@ -25,6 +25,8 @@ torch.set_num_threads(1)
 
 FAMILIES = ["demo", "lumina_mgpt", "emu3", "janus"]
 PROMPT = "a red cat on the blue field"
+# The demo reads its own grammar (a structured prompt; a word it does not know is an error).
+DEMO_PROMPT = "a red circle top left on a blue background"
 DEMO_TOKENS = 40  # the demo's first rows (2 rows + 6 codes, with their end-of-line tokens)
 SEED = 3
 
@@ -48,7 +50,7 @@ def _first_tokens(constraints: TokenConstraints, n: int) -> TokenConstraints:
 
 
 def _encode(model):
-    enc = model.encode_prompt(PROMPT)
+    enc = model.encode_prompt(DEMO_PROMPT if model.family == "demo" else PROMPT)
     constraints = enc.constraints
     if model.family == "demo":
         constraints = _first_tokens(constraints, DEMO_TOKENS)

@@ -1,4 +1,4 @@
-"""The bundled demo text-to-image model: procedural data, a VQ tokenizer and a small Llama.
+"""The bundled demo text-to-image model: procedural data, a VQ tokenizer and a small transformers LM.
 
     from sjd_pac_core.demo.model import load_demo
     demo = load_demo()   # LM + VQ + vocabulary from sjd_pac_core/demo/weights/

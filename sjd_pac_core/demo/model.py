@@ -1,7 +1,7 @@
 """Load the bundled demo text-to-image model and turn its tokens into pictures.
 
     from sjd_pac_core.demo.model import load_demo
-    demo = load_demo()                       # LlamaForCausalLM (fp32, eval) + VQ + vocabulary
+    demo = load_demo()                       # the LM (GPT-2 or Llama; fp32, eval) + VQ + vocabulary
     prompt = demo.prompt_ids("a red circle top left on a blue background")
     ...sample demo.num_image_tokens tokens with demo.allowed_tokens() ...
     image = demo.tokens_to_image(tokens)     # PIL.Image, 64x64

@@ -2,6 +2,7 @@
 
     python -m sjd_pac_core.demo.quality                 # the shipped model on the 24 held-out prompts
     python -m sjd_pac_core.demo.quality --calibrate     # the check itself, on right and wrong images
+    python -m sjd_pac_core.demo.quality --ceiling --n 120   # ground truth through the VQ tokenizer
 
 Every pixel gets its nearest named colour of the data's palette (``data.COLORS``, Euclidean
 distance in RGB). Then, per image:
@@ -10,7 +11,7 @@ distance in RGB). Then, per image:
   covers at least ``BACKGROUND_MIN_SHARE`` (half) of it, so a frame mostly in the object's
   colour fails;
 * ``object_colour``: every object of the caption is found: a connected region (8-neighbours,
-  after a one-pixel closing that bridges shading and stripe gaps) of its colour with at least
+  after a one-pixel closing that bridges shading gaps) of its colour with at least
   ``OBJECT_MIN_PIXELS`` pixels. An object is its colour's largest region (two objects of one
   colour: the two largest, matched to the named positions by least total distance);
 * ``shape``: of the six shape templates (the data generator's own ``data.shape_mask``), each
@@ -45,13 +46,16 @@ from .data import COLOR_NAMES, COLORS, IMAGE_SIZE, POSITIONS, SHAPES, parse_capt
 
 PROMPTS_FILE = Path(__file__).with_name("quality_prompts.txt")
 BACKGROUND_MIN_SHARE = 0.5
-OBJECT_MIN_PIXELS = 12  # the smallest ground-truth object region (a small outlined ring) has ~30
-OUTLINE_WIDTH = 2  # pixels around an object's colour region that count as its outline
+OBJECT_MIN_PIXELS = 12  # the smallest ground-truth object (a small ring, radius 8.5) has ~160 pixels
+OUTLINE_WIDTH = 2  # pixels around an object's colour region that count as its edge (anti-aliasing,
+# shading, or a decoded outline in another named colour)
 MAX_OBJECT_SHARE = 0.5  # "never more than half the frame"
-# Fitted radius (px) per size word. The generator draws radii of 6.5-8 / 9.5-11 / 12.5-14.5
-# (data.SIZE_RADIUS); an outline in another colour shrinks the region by up to ~1.6 px, and
-# pixelation adds about a pixel either way. Calibrated on data seed 1 (see --calibrate).
-SIZE_RADIUS_BOUNDS = {"small": (4.8, 9.2), "medium": (7.4, 12.0), "large": (11.0, 16.5)}
+# Fitted radius (px) per size word. The generator draws radii of 8.5-9.5 / 12-13 / 15.5-16.5
+# (data.SIZE_RADIUS, data v2: flat objects without outline); the fitted radius of a
+# ground-truth object lies within about a pixel of its drawn one (anti-aliased edges, shading
+# pixels of another named colour). Measured on data seed 1 (200 images per split): small
+# 8.3-11.1, medium 11.8-13.6, large 15.1-17.2; the bounds split the gaps between the words.
+SIZE_RADIUS_BOUNDS = {"small": (7.0, 11.45), "medium": (11.45, 14.3), "large": (14.3, 18.5)}
 CRITERIA = ("background", "object_colour", "shape", "position", "size")
 
 _PALETTE = np.array([COLORS[c] for c in COLOR_NAMES], dtype=np.float32)  # (12, 3)
@@ -426,6 +430,16 @@ def calibrate(n: int = 200, seed: int = 0) -> Calibration:
     return Calibration(truth, wrong)
 
 
+def vq_ceiling(vq, n: int = 120, seed: int = 0, split: str = "heldout") -> PassRates:
+    """The check on ``n`` ground-truth images of ``split`` after a round trip through the VQ
+    tokenizer ``vq`` (encode, decode): the most any LM over its tokens can reach."""
+    from .data import make_sample
+
+    samples = [make_sample(seed, i, split) for i in range(n)]
+    rec = vq.decode_to_uint8(vq.encode(np.stack([s.image for s in samples])))
+    return pass_rates([check_image(s.caption, r) for s, r in zip(samples, rec)])
+
+
 # ----------------------------------------------------------------------------- the model
 
 
@@ -489,7 +503,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calibrate", action="store_true", help="check the check: ground truth and wrong images")
-    ap.add_argument("--n", type=int, default=200, help="images per set for --calibrate")
+    ap.add_argument("--n", type=int, default=200, help="images per set for --calibrate / --ceiling")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="ground-truth held-out images through the model's VQ tokenizer (no LM), checked")
     ap.add_argument("--cfg", type=float, nargs="+", default=None, help="CFG scales (default: the model's)")
     ap.add_argument("--temperature", type=float, nargs="+", default=None)
     ap.add_argument("--top-k", type=int, default=None)
@@ -504,6 +520,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if a.calibrate:
         for line in calibrate(a.n).lines():
             print(line, flush=True)
+        return
+    if a.ceiling:
+        from .model import WEIGHTS_DIR
+        from .vq import VQModel
+
+        folder = WEIGHTS_DIR if a.model == "demo" else a.model
+        print(f"ceiling ({folder}): {vq_ceiling(VQModel.from_pretrained(folder), a.n).line()}", flush=True)
         return
     from ..models.loader import load_model
 

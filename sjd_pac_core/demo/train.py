@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from . import data as D
-from .vocab import BOI, BOS, EOI, PAD, DemoVocab
+from .vocab import BOI, BOS, EOI, PAD, SLOT_WORDS, DemoVocab
 from .vq import VQConfig, VQModel, train_vq
 
 LOSS_LOG = "loss_log.jsonl"
@@ -36,11 +36,11 @@ PROMPT_SLOTS = 20  # --prompt-slots for --arch gpt2: the longest training captio
 
 def lm_config(vocab: DemoVocab, hidden: int, layers: int, heads: int, intermediate: int, max_pos: int,
               arch: str = "gpt2"):
-    """The LM's transformers config. ``llama`` (the shipped model, 1D RoPE) must infer row and
-    column from distances. ``gpt2`` has learned absolute position embeddings: with fixed-length
-    prompts (``--prompt-slots 20``) every image token has its own, so row and column are explicit
-    inputs. Measured (README, "The bundled demo model"): gpt2 places objects better but its tokens
-    depend far less on their neighbours, so SJD accepts unrealistically much; llama ships."""
+    """The LM's transformers config. ``gpt2`` (the default) has learned absolute position
+    embeddings: with fixed-length prompts (the slot format, or ``--prompt-slots 20``) every image
+    token has its own, so row and column are explicit inputs (initialised to a 2D sinusoidal grid,
+    `init_grid_positions`). ``llama`` (1D RoPE, the earlier shipped model) must infer row and
+    column from distances, and placed objects at about chance (README, "The bundled demo model")."""
     if arch == "gpt2":
         from transformers import GPT2Config
 
@@ -82,6 +82,41 @@ def lm_config(vocab: DemoVocab, hidden: int, layers: int, heads: int, intermedia
         pad_token_id=PAD,
         attn_implementation="sdpa",
     )
+
+
+def grid_position_table(vocab: DemoVocab, hidden: int, amplitude: float = 0.05) -> torch.Tensor:
+    """(num_image_tokens + 1, hidden): a 2D sinusoidal code of the grid cell each image position
+    predicts: row r = t // 17 on the first half of the channels, column c = t % 17 (16: the
+    <eol>) on the second, sines and cosines of periods from 2.5 to 48 tokens. Row t of the table
+    belongs to the absolute position that predicts image token t (<boi> predicts token 0;
+    t = 272 is <eoi>, row 16)."""
+    t = torch.arange(vocab.num_image_tokens + 1, dtype=torch.float64)
+    coords = (t // vocab.row_length, t % vocab.row_length)
+    half = hidden // 2
+    n_freq = half // 2
+    periods = 2.5 * (48 / 2.5) ** (torch.arange(n_freq, dtype=torch.float64) / max(n_freq - 1, 1))
+    parts = []
+    for v in coords:
+        ang = 2 * math.pi * v[:, None] / periods[None]
+        parts += [torch.sin(ang), torch.cos(ang)]
+    table = torch.cat(parts, 1)
+    table = torch.cat([table, torch.zeros(len(t), hidden - table.shape[1], dtype=torch.float64)], 1)
+    return (amplitude * table).float()
+
+
+@torch.no_grad()
+def init_grid_positions(model, vocab: DemoVocab) -> int:
+    """Set a GPT-2's position embeddings of the image positions to `grid_position_table` (prompt
+    positions keep their random initialisation; the embeddings train freely from there). Needs a
+    fixed prompt length. Returns the first absolute position it set."""
+    plen = vocab.prompt_length
+    if plen is None:
+        raise ValueError("grid position init needs fixed-length prompts (the slot format or --prompt-slots)")
+    wpe = model.transformer.wpe.weight
+    table = grid_position_table(vocab, wpe.shape[1])
+    start = plen - 1  # the <boi> position predicts image token 0
+    wpe[start : start + len(table)] = table.to(wpe.dtype)
+    return start
 
 
 def build_sequences(vocab: DemoVocab, captions: list[str], codes: torch.Tensor):
@@ -153,29 +188,53 @@ def eval_loss(model, vocab, prompts, img, batch_size=16, uncond=False):
     return tot / max(n, 1)
 
 
+def write_generation_defaults(out: str, cfg_scale: float, temperature: float) -> None:
+    """Name the weights' sampling defaults in their generation_config.json (``guidance_scale``,
+    ``temperature``; the demo loader reads them, `models.demo.folder_defaults`)."""
+    path = os.path.join(out, "generation_config.json")
+    config = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            config = json.load(f)
+    config.update({"do_sample": True, "guidance_scale": float(cfg_scale), "temperature": float(temperature)})
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="output directory (default: a temp dir for --smoke, else ./runs/demo)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--images", type=int, default=12000, help="training images (generated, then VQ-encoded)")
-    ap.add_argument("--vq-steps", type=int, default=450)
+    ap.add_argument("--vq-steps", type=int, default=1500)
+    ap.add_argument("--vq-crop", type=int, default=32,
+                    help="train the VQ on random crops of this many px (0: whole 64 px images)")
     ap.add_argument("--vq-batch", type=int, default=32)
     ap.add_argument("--vq-lr", type=float, default=2e-3)
     ap.add_argument("--vq-edge-weight", type=float, default=0.0,
                     help="weight of the VQ's L1 loss on pixel differences (sharper shape edges)")
     ap.add_argument("--codebook", type=int, default=512)
-    ap.add_argument("--lm-steps", type=int, default=1800)
+    ap.add_argument("--lm-steps", type=int, default=2700)
     ap.add_argument("--lm-batch", type=int, default=16)
     ap.add_argument("--lm-lr", type=float, default=2e-3)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--intermediate", type=int, default=512)
-    ap.add_argument("--arch", choices=ARCHITECTURES, default="llama",
-                    help="llama: 1D RoPE (shipped); gpt2: learned absolute positions (use --prompt-slots 20)")
+    ap.add_argument("--arch", choices=ARCHITECTURES, default="gpt2",
+                    help="gpt2: learned absolute positions, initialised to a 2D grid (default); llama: 1D RoPE")
+    ap.add_argument("--prompt-format", choices=("slots", "words"), default=None,
+                    help="slots: the structured caption, one fixed slot per fact (default); words: the caption's "
+                         "words (the default with --prompt-slots)")
     ap.add_argument("--prompt-slots", type=int, default=0,
-                    help=f"fixed word slots per prompt, e.g. {PROMPT_SLOTS} for --arch gpt2 (0: prompts as long as "
-                         "their caption)")
+                    help=f"the words format with this many fixed word slots, e.g. {PROMPT_SLOTS} (0: prompts as "
+                         "long as their caption)")
+    ap.add_argument("--no-grid-init", action="store_true",
+                    help="gpt2: keep the random position embeddings instead of the 2D sinusoidal grid")
+    ap.add_argument("--default-cfg", type=float, default=2.0,
+                    help="the CFG scale the weights' generation_config.json names as their sampling default")
+    ap.add_argument("--default-temperature", type=float, default=0.8,
+                    help="the temperature the weights' generation_config.json names as their sampling default")
     ap.add_argument("--row-tokens", action="store_true",
                     help="close each image row with its own token (<eol0>..<eol15>) instead of the shared <eol>")
     ap.add_argument("--caption-dropout", type=float, default=0.12)
@@ -187,6 +246,12 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="a handful of steps of every stage (CI)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    if args.prompt_format is None:
+        args.prompt_format = "words" if args.prompt_slots else "slots"
+    if args.prompt_format == "slots" and args.prompt_slots:
+        ap.error("--prompt-slots applies to --prompt-format words; the slot format has its own fixed length")
+    if args.vq_crop < 0:
+        ap.error("--vq-crop must be 0 (whole images) or a crop size in px")
 
     if args.smoke:
         args.images, args.vq_steps, args.vq_batch = 48, 4, 8
@@ -241,6 +306,7 @@ def main(argv=None):
             checkpoint_every=max(100, args.vq_steps // 4),
             checkpoint_dir=out,
             edge_weight=args.vq_edge_weight,
+            crop=args.vq_crop or None,
         )
         vq.save_pretrained(out)
         vq = VQModel.from_pretrained(out)  # what ships is fp16: tokenise with that
@@ -259,8 +325,9 @@ def main(argv=None):
     t_enc = time.process_time() - t_cpu0 - t_data - t_vq
 
     # ---- 3. vocabulary ------------------------------------------------------------------
-    vocab = DemoVocab(words=list(D.CAPTION_WORDS), codebook_size=args.codebook, grid=16,
-                      prompt_slots=args.prompt_slots or None, row_tokens=args.row_tokens)
+    words = list(D.CAPTION_WORDS) + (SLOT_WORDS if args.prompt_format == "slots" else [])
+    vocab = DemoVocab(words=words, codebook_size=args.codebook, grid=16, prompt_slots=args.prompt_slots or None,
+                      row_tokens=args.row_tokens, prompt_format=args.prompt_format)
     vocab.save(out)
     prompts, img = build_sequences(vocab, captions, codes)
     img_weights = object_loss_weights(np.stack([D.caption_regions(c) for c in captions]), args.object_weight)
@@ -276,6 +343,9 @@ def main(argv=None):
     g = torch.Generator().manual_seed(args.seed + 1)
     cfg = lm_config(vocab, args.hidden, args.layers, args.heads, args.intermediate, max_pos, args.arch)
     model = (GPT2LMHeadModel if args.arch == "gpt2" else LlamaForCausalLM)(cfg)
+    grid_init = args.arch == "gpt2" and not args.no_grid_init and vocab.prompt_length is not None
+    if grid_init:
+        init_grid_positions(model, vocab)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"LM: {n_params / 1e6:.2f}M parameters, vocab {vocab.vocab_size}, max_pos {max_pos}", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -305,6 +375,7 @@ def main(argv=None):
                 "lr": args.vq_lr,
                 "codebook_size": args.codebook,
                 "edge_weight": args.vq_edge_weight,
+                "crop": args.vq_crop or None,
                 "params": sum(p.numel() for p in vq.parameters()),
                 "final_losses": vq_losses,
                 "val_mse": vq_val_mse,
@@ -319,7 +390,9 @@ def main(argv=None):
                 "object_weight": args.object_weight,
                 "params": n_params,
                 "arch": args.arch,
+                "prompt_format": vocab.prompt_format,
                 "prompt_slots": vocab.prompt_slots,
+                "grid_position_init": grid_init,
                 "row_tokens": vocab.row_tokens,
                 "hidden": args.hidden,
                 "layers": args.layers,
@@ -327,6 +400,7 @@ def main(argv=None):
                 "intermediate": args.intermediate,
                 **extra,
             },
+            "sampling_defaults": {"cfg_scale": args.default_cfg, "temperature": args.default_temperature},
             "vq_trained_by": vq_prev,
             "threads": args.threads,
             "wall_time_s": round(time.time() - t_wall0, 1),
@@ -343,6 +417,7 @@ def main(argv=None):
 
     def checkpoint(status, step, extra):
         model.save_pretrained(out, safe_serialization=True)
+        write_generation_defaults(out, args.default_cfg, args.default_temperature)
         write_training_log(status, step, extra)
 
     it = range(args.lm_steps)

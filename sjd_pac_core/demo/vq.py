@@ -236,11 +236,20 @@ def train_vq(
     checkpoint_every: int = 0,
     checkpoint_dir: str | None = None,
     edge_weight: float = 0.0,
+    crop: int | None = None,
 ):
     """Train a VQModel on uint8 images (N, 64, 64, 3). Returns (model, last losses dict).
 
     ``edge_weight`` adds an L1 loss on horizontal and vertical pixel differences: plain MSE/L1
-    is content with blurred edges, which turn every small shape into a round blob."""
+    is content with blurred edges, which turn every small shape into a round blob.
+
+    ``crop``: train on random ``crop`` x ``crop`` crops (a multiple of the token size, at offsets
+    on the token grid) instead of whole images. The model is fully convolutional, so it encodes
+    whole images afterwards; a crop costs a quarter of an image at 32 px, so the same CPU time buys
+    four times the steps (and the shapes came out sharper in the tokenizer's reconstructions)."""
+    cell = (config or VQConfig()).image_size // (config or VQConfig()).grid
+    if crop is not None and (crop < cell or crop % cell or crop > images.shape[1]):
+        raise ValueError(f"crop must be a multiple of {cell} px up to {images.shape[1]}, got {crop}")
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     model = VQModel(config)
@@ -276,6 +285,10 @@ def train_vq(
             pg["lr"] = lr_at(s)
         idx = torch.randint(0, len(images), (batch_size,), generator=g).numpy()
         x = to_input(images[idx])
+        if crop is not None and crop < x.shape[-1]:
+            n_off = (x.shape[-1] - crop) // cell + 1
+            offs = torch.randint(0, n_off, (batch_size, 2), generator=g) * cell
+            x = torch.stack([x[b, :, oy : oy + crop, ox : ox + crop] for b, (oy, ox) in enumerate(offs.tolist())])
         # cheap augmentation: horizontal flips keep captions' colours (positions don't matter here)
         if s % 2 == 1:
             x = x.flip(3)

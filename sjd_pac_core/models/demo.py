@@ -1,4 +1,4 @@
-"""The bundled demo model as an ARImageModel (a small Llama + our VQ; see sjd_pac_core/demo)."""
+"""The bundled demo model as an ARImageModel (a small GPT-2 or Llama + our VQ; see sjd_pac_core/demo)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,41 @@ import torch
 from PIL import Image
 
 from ..demo.model import DemoModel, load_demo
-from ..demo.vocab import VOCAB_FILE, caption_words
+from ..config import ConfigError
+from ..demo.vocab import VOCAB_FILE, PromptError, caption_words, parse_prompt
 from ..demo.vq import VQ_CONFIG, VQ_WEIGHTS
 from .causal_lm import CausalLMAdapter
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .loader import ModelLoadError, check_checkpoint_matches
 
 
-# The shipped demo LM is a Llama; `demo.train --arch gpt2 --prompt-slots 20` builds a GPT-2 with
-# learned absolute positions (measured, not shipped: README, "The bundled demo model").
+# `demo.train` builds a GPT-2 with learned absolute positions (its default) or a 1D-RoPE Llama
+# (`--arch llama`; README, "The bundled demo model").
 DEMO_MODEL_TYPES = ("gpt2", "llama")
+# Sampling defaults a demo folder may set in its generation_config.json (transformers' keys).
+GENERATION_DEFAULT_KEYS = {"guidance_scale": "cfg_scale", "temperature": "temperature", "top_k": "top_k"}
+
+
+def folder_defaults(folder: Path, base: FamilyDefaults) -> FamilyDefaults:
+    """``base`` with the sampling defaults of ``folder/generation_config.json`` (guidance_scale,
+    temperature, top_k) where it sets them: the weights carry the settings they were calibrated
+    at (README, "The bundled demo model")."""
+    import dataclasses
+    import json
+
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return base
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return base
+    changes = {}
+    for key, field in GENERATION_DEFAULT_KEYS.items():
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            changes[field] = int(value) if field == "top_k" else float(value)
+    return dataclasses.replace(base, **changes) if changes else base
 
 
 class DemoImageModel(ARImageModel):
@@ -31,6 +56,7 @@ class DemoImageModel(ARImageModel):
 
     def __init__(self, demo: DemoModel) -> None:
         self.demo = demo
+        self.defaults = folder_defaults(Path(demo.path), type(self).defaults)
         self.vocab = demo.vocab
         self.token_model = CausalLMAdapter(demo.model)
         grid = self.vocab.grid
@@ -76,6 +102,8 @@ class DemoImageModel(ARImageModel):
 
     def encode_prompt(self, prompt: str, negative_prompt: str = "", resolution: Optional[str] = None) -> PromptEncoding:
         resolution = self.check_resolution(resolution)
+        if self.vocab.prompt_format == "slots":
+            return self._encode_slots(prompt, negative_prompt, resolution)
         words = caption_words(prompt)
         known = [w for w in words if w in self.vocab.words]
         unknown = sorted(set(words) - set(known))
@@ -98,6 +126,31 @@ class DemoImageModel(ARImageModel):
             warnings.append("The demo model ignores negative prompts; guidance uses the empty prompt.")
         return PromptEncoding(
             prompt_ids=self.vocab.prompt_ids(" ".join(known)),
+            uncond_ids=self.vocab.uncond_prompt_ids(),
+            layout=self.layout,
+            constraints=self.constraints,
+            resolution=resolution,
+            warnings=warnings,
+        )
+
+    def _encode_slots(self, prompt: str, negative_prompt: str, resolution: str) -> PromptEncoding:
+        """The structured prompt (vocab.parse_prompt): a prompt outside the demo grammar is a
+        ConfigError that says how to write one."""
+        warnings: List[str] = []
+        if prompt.strip():
+            try:
+                parsed = parse_prompt(prompt)
+            except PromptError as exc:
+                raise ConfigError(str(exc)) from None
+            warnings += list(parsed.warnings)
+            prompt_ids = self.vocab.slot_ids(parsed)
+        else:
+            warnings.append("The prompt is empty for the demo model; generating unconditionally.")
+            prompt_ids = self.vocab.uncond_prompt_ids()
+        if negative_prompt.strip():
+            warnings.append("The demo model ignores negative prompts; guidance uses the empty prompt.")
+        return PromptEncoding(
+            prompt_ids=prompt_ids,
             uncond_ids=self.vocab.uncond_prompt_ids(),
             layout=self.layout,
             constraints=self.constraints,

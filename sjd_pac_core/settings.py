@@ -86,6 +86,7 @@ def config_from_settings(
     tree_depth: object = None,
     tree_width: object = None,
     tree_side_chain: object = None,
+    tree_first_width: object = None,
     verify: Optional[str] = None,
     cfg_scale: object = None,
     temperature: object = None,
@@ -111,6 +112,9 @@ def config_from_settings(
         values["tree_depth"] = whole_number(tree_depth, "tree depth (D)", "3")
     if not _empty(tree_width):
         values["tree_width"] = whole_number(tree_width, "tree width (K)", "4")
+    if not _empty(tree_first_width):  # 0: K at every level
+        first = whole_number(tree_first_width, "tree first-level width", "8 (0 = K at every level)")
+        values["tree_first_width"] = None if first == 0 else first
     if not _empty(tree_side_chain):
         values["tree_side_chain"] = whole_number(tree_side_chain, "side chain length", "16 (0 = off, the default)")
     if not _empty(cfg_scale):

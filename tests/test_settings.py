@@ -105,3 +105,19 @@ def test_run_record_carries_every_knob():
     record = run_record(sp.SamplerConfig(tree_first_width=6), prompt="a red circle", seed=5)
     names = {f.name for f in dataclasses.fields(sp.SamplerConfig)} - {"cfg_scale"}
     assert names <= set(record) and record["cfg"] == 1.0 and record["tree_first_width"] == 6
+
+
+def test_tree_first_width_setting_and_cli_flag():
+    """The first level's width: a whole number, 0 = K at every level (one conversion for the
+    CLI, the nodes and the app)."""
+    from sjd_pac_core import cli
+
+    assert config_from_settings(DEMO_LIKE, tree_first_width="16").tree_first_width == 16
+    assert config_from_settings(DEMO_LIKE, tree_first_width=0).tree_widths == (4, 4)
+    assert config_from_settings(DEMO_LIKE).tree_first_width == 8
+    with pytest.raises(sp.ConfigError, match="first"):
+        config_from_settings(DEMO_LIKE, tree_first_width="2.5")
+    with pytest.raises(sp.ConfigError):
+        config_from_settings(DEMO_LIKE, tree_first_width=-3)
+    args = cli.build_parser().parse_args(["generate", "a red circle", "-D", "2", "-K", "4", "--tree-first-width", "0"])
+    assert cli._config_from_args(args, DEMO_LIKE).tree_widths == (4,)

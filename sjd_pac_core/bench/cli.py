@@ -178,6 +178,8 @@ def _base_config(model, args):
                         ("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p)]:
         if value is not None:
             overrides[name] = value
+    if getattr(args, "tree_first_width", None) is not None:  # 0: K at every level
+        overrides["tree_first_width"] = args.tree_first_width or None
     return model.defaults.sampler_config(**overrides)
 
 

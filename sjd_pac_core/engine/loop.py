@@ -284,13 +284,9 @@ class _Decoder:
         outcome = walk(layout, decisions, last_depth)
         self._commit(state, plan, verdict, outcome)
         tree = plan.draft.tree
-        if isinstance(self.window_policy, AutoTreeWindow):
-            self.window_policy.observe(outcome.accepted, censored=not outcome.rejected, window=len(window),
-                                       tree_levels=plan.shape.levels, branch=outcome.branch,
-                                       widths=tree.widths if tree is not None else ())
-        else:
-            self.window_policy.observe(outcome.accepted, censored=not outcome.rejected, window=len(window),
-                                       tree_levels=plan.shape.levels)
+        self.window_policy.observe(outcome.accepted, censored=not outcome.rejected, window=len(window),
+                                   tree_levels=plan.shape.levels, branch=outcome.branch,
+                                   widths=tree.widths if tree is not None else ())
         if not state.done:
             target = self._window_target(state.num_committed)
             self.rule.prepare(state.num_committed)
@@ -299,7 +295,7 @@ class _Decoder:
                                 outcome=outcome, decisions=decisions, verdict=verdict,
                                 proposal_logits=logits[:, carried.proposal],
                                 stale=StaleRows.gather(verdict, decisions, carried.nodes, self.device),
-                                tree_widths=self._tree_target())
+                                tree_widths=self.window_policy.next_tree())
             state.draft, state.target = self.drafter.next(self.ctx, report), target
         self._record(state, stats, callback, start, syncs, committed=state.num_committed - n,
                      window=len(window), tree_nodes=layout.num_nodes - 1 - len(window),
@@ -331,10 +327,6 @@ class _Decoder:
             self.window_policy = AutoWindow(cost, extra_nodes=side, candidates=self.candidates)
         synchronize(self.device)
         return time.perf_counter() - start
-
-    def _tree_target(self) -> Optional[Tuple[int, ...]]:
-        """The tree the window policy wants for the next pass (None: the drafter's own)."""
-        return self.window_policy.next_tree() if isinstance(self.window_policy, AutoTreeWindow) else None
 
     def _envelope_window(self, drafts: int) -> int:
         """The window a pass of `drafts` drafts is padded to: itself, or on a compiled auto run
@@ -411,7 +403,7 @@ class _Decoder:
                             wall_time=time.perf_counter() - start, forward_time=self.timer.seconds(),
                             host_syncs=SyncCounter.count - syncs, **fields)
         stats.records.append(record)
-        if isinstance(self.window_policy, AutoWindow) and record.envelope:
+        if record.envelope:  # not the prefill
             self.window_policy.note_overhead(record.wall_time - record.forward_time)
         if callback is not None:
             callback(Progress(record, stats, state.committed[: state.num_committed], state.num_tokens))

@@ -10,6 +10,7 @@ tree's widths with L, from counts of which candidate slot each tree level accept
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -109,13 +110,22 @@ def measure_cost_curve(
 
 
 class FixedWindow:
+    """The paper's constant L. Every window policy answers these four calls."""
+
     def __init__(self, window: int) -> None:
         self.window = window
 
     def next_window(self) -> int:
         return self.window
 
+    def next_tree(self) -> Optional[Tuple[int, ...]]:
+        """The tree widths the policy wants for the next pass; None: the drafter's own."""
+        return None
+
     def observe(self, accepted: int, censored: bool, window: int, **tree) -> None:
+        pass
+
+    def note_overhead(self, seconds: float) -> None:
         pass
 
 
@@ -219,9 +229,14 @@ class AutoWindow:
     def next_window(self) -> int:
         return self.window
 
-    def observe(self, accepted: int, censored: bool, window: int, tree_levels: int = 0) -> None:
+    def next_tree(self) -> Optional[Tuple[int, ...]]:
+        return None  # L only; AutoTreeWindow chooses the tree too
+
+    def observe(self, accepted: int, censored: bool, window: int, tree_levels: int = 0,
+                branch: Sequence[int] = (), widths: Sequence[int] = ()) -> None:
         """accepted, censored: the pass's accepted drafts and whether it ended without a
-        rejection; window: its drafts; tree_levels: its PD levels (the first drafts)."""
+        rejection; window: its drafts; tree_levels: its PD levels (the first drafts); branch,
+        widths: the slot taken at each accepted depth and the pass's tree (AutoTreeWindow's)."""
         self.tree.age()
         self.chain.age()
         levels = min(tree_levels, window)
@@ -263,15 +278,8 @@ def narrower_trees(widths: Sequence[int]) -> Tuple[Tuple[int, ...], ...]:
 
     trees: List[Tuple[int, ...]] = [()]
     for levels in range(1, len(widths) + 1):
-        trees += [t for t in _products([ladder(w) for w in widths[:levels]])]
+        trees += itertools.product(*(ladder(w) for w in widths[:levels]))
     return tuple(dict.fromkeys(trees))
-
-
-def _products(options: Sequence[Sequence[int]]) -> List[Tuple[int, ...]]:
-    out: List[Tuple[int, ...]] = [()]
-    for choices in options:
-        out = [head + (w,) for head in out for w in choices]
-    return out
 
 
 class _SlotRanks:
@@ -373,7 +381,6 @@ class AutoTreeWindow(AutoWindow):
         self.tree_choice = self.full_tree
 
     def next_tree(self) -> Tuple[int, ...]:
-        """The tree widths for the next pass."""
         return self.tree_choice
 
     def observe(self, accepted: int, censored: bool, window: int, tree_levels: int = 0,
@@ -392,10 +399,6 @@ class AutoTreeWindow(AutoWindow):
             self.tree_choice = self.full_tree
             self.window = max(self.window, min(self.candidates[-1], len(self.full_tree) + 1))
 
-    def expected_tokens_with(self, window: int, tree: Tuple[int, ...]) -> float:
-        main = self._main_survival(window)
-        return self._expected(window, tree, _prefix_sums(main))
-
     def _main_survival(self, length: int) -> List[float]:
         """P(the main branch's first k drafts are all accepted), k = 0..length."""
         chain = self.chain.hazards(prior=0.5)
@@ -406,32 +409,23 @@ class AutoTreeWindow(AutoWindow):
             out.append(survive)
         return out
 
-    def _expected(self, window: int, tree: Tuple[int, ...], main_prefix: List[float]) -> float:
-        levels = min(len(tree), window)
-        total, survive = 1.0, 1.0
-        for d in range(levels):
-            survive *= self.slots.passed(d, tree[d])
-            total += survive
-        return total + main_prefix[window + 1] - main_prefix[levels + 1]  # the chain after the tree
-
     def _best_window(self) -> int:
-        prefix = _prefix_sums(self._main_survival(max(self.candidates)))
+        prefix = list(itertools.accumulate(self._main_survival(max(self.candidates)), initial=0.0))
         widest = max((max(t) for t in self.trees if t), default=1)
         passed = [[self.slots.passed(d, w) for w in range(widest + 1)] for d in range(len(self.full_tree))]
         overhead = self.pass_overhead
         best_per_tree = []
         for tree, costs in zip(self.trees, self.forward_costs):
-            through, survive = 1.0, 1.0  # expected tokens through the tree's levels
+            through = [1.0]  # expected tokens through the tree's first d levels, d = 0..levels
+            survive = 1.0
             for d, width in enumerate(tree):
                 survive *= passed[d][width]
-                through += survive
+                through.append(through[-1] + survive)
             best, best_speed = self.candidates[0], -1.0
             for w, cost in zip(self.candidates, costs):  # shorter first: a longer window must pay
                 levels = min(len(tree), w)
-                if levels < len(tree):  # a window shorter than the tree: count its levels only
-                    expected = self._expected(w, tree, prefix)
-                else:
-                    expected = through + prefix[w + 1] - prefix[levels + 1]
+                # through the tree, then the chain after it (main-branch survival)
+                expected = through[levels] + prefix[w + 1] - prefix[levels + 1]
                 speed = expected / (cost + overhead)
                 if speed > best_speed * (1.0 + self.RELATIVE_GAIN):
                     best, best_speed = w, speed
@@ -449,9 +443,3 @@ class AutoTreeWindow(AutoWindow):
         self.tree_choice = tree
         return window
 
-
-def _prefix_sums(values: Sequence[float]) -> List[float]:
-    out = [0.0]
-    for v in values:
-        out.append(out[-1] + v)
-    return out

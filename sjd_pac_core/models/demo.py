@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -29,9 +31,6 @@ def folder_defaults(folder: Path, base: FamilyDefaults) -> FamilyDefaults:
     """``base`` with the sampling defaults of ``folder/generation_config.json`` (guidance_scale,
     temperature, top_k) where it sets them: the weights carry the settings they were calibrated
     at (README, "The bundled demo model")."""
-    import dataclasses
-    import json
-
     path = Path(folder) / "generation_config.json"
     if not path.is_file():
         return base

@@ -114,6 +114,8 @@ def config_from_settings(
         values["tree_width"] = whole_number(tree_width, "tree width (K)", "4")
     if not _empty(tree_first_width):  # 0: K at every level
         first = whole_number(tree_first_width, "tree first-level width", "8 (0 = K at every level)")
+        if first < 0:  # SamplerConfig's own message speaks of None, which no UI can enter
+            raise ConfigError(f"tree first-level width must be 0 (K at every level) or more, got {first}; try 8.")
         values["tree_first_width"] = None if first == 0 else first
     if not _empty(tree_side_chain):
         values["tree_side_chain"] = whole_number(tree_side_chain, "side chain length", "16 (0 = off, the default)")

@@ -117,7 +117,7 @@ def test_tree_first_width_setting_and_cli_flag():
     assert config_from_settings(DEMO_LIKE).tree_first_width == 8
     with pytest.raises(sp.ConfigError, match="first"):
         config_from_settings(DEMO_LIKE, tree_first_width="2.5")
-    with pytest.raises(sp.ConfigError):
+    with pytest.raises(sp.ConfigError, match="0 .K at every level. or more"):
         config_from_settings(DEMO_LIKE, tree_first_width=-3)
     args = cli.build_parser().parse_args(["generate", "a red circle", "-D", "2", "-K", "4", "--tree-first-width", "0"])
     assert cli._config_from_args(args, DEMO_LIKE).tree_widths == (4,)

@@ -51,7 +51,7 @@ VERIFY_CHOICES = [
     ("rejection (exact in distribution)", "rejection"),
     ("gumbel (seed-exact: same tokens as AR)", "gumbel"),
 ]
-WINDOW_CHOICES = ["auto", "16", "32", "64", "128"]
+WINDOW_CHOICES = ["auto", "8", "12", "16", "24", "32", "64", "128"]
 LOCAL_SESSION = "local"  # the session key when handlers are called without a server
 STATUS_LABELS = {
     "idle": "Ready", "loading": "Loading model", "progress": "Running", "finished": "Finished",

@@ -111,7 +111,10 @@ def test_generate_summary_names_the_settings_and_threads(tmp_path, capsys):
     assert rc == 0, captured.err
     assert "does not know" not in captured.err  # the trailing full stop is not part of a word
     settings = next(line for line in captured.out.splitlines() if line.startswith("settings:"))
-    for part in ("method sjd_pac", "L 32", "D 3, K 4", "CFG 2", "temperature 0.8", "verify gumbel",
+    from sjd_pac_core.models.demo import DemoImageModel
+
+    demo = DemoImageModel.defaults  # the settings line names the demo's own defaults
+    for part in ("method sjd_pac", f"L {demo.window}", f"D {demo.tree_depth}, K {demo.tree_width}", "CFG 2", "temperature 0.8", "verify gumbel",
                  "1 CPU thread", "seed 1"):
         assert part in settings, settings
     assert "tokens per forward pass" in captured.out
@@ -119,7 +122,7 @@ def test_generate_summary_names_the_settings_and_threads(tmp_path, capsys):
     assert saved.size == (512, 512)
     record = json.loads(saved.info["sjd_pac"])  # the run can be reproduced from the file alone
     assert record["prompt"] == "a red circle on a blue background." and record["seed"] == 1
-    assert record["method"] == "sjd_pac" and record["cfg"] == 2.0 and record["window"] == 32
+    assert record["method"] == "sjd_pac" and record["cfg"] == 2.0 and record["window"] == demo.window
 
 
 def test_pointless_window_is_warned(capsys, tmp_path):

@@ -337,6 +337,18 @@ def test_weights_name_their_sampling_defaults(tmp_path):
     assert (got.temperature, got.cfg_scale, got.top_k, got.window) == (1.1, 1.5, None, base.window)
 
 
+@pytest.mark.parametrize("text", ['{"temperature": 0.8,', "[0.8]"])
+def test_a_corrupt_generation_config_is_named_not_ignored(tmp_path, text):
+    """A damaged generation_config.json would silently change the sampling defaults: the
+    loader names the file and the fix instead."""
+    from sjd_pac_core.models.demo import DemoImageModel, folder_defaults
+    from sjd_pac_core.models.loader import ModelLoadError
+
+    (tmp_path / "generation_config.json").write_text(text)
+    with pytest.raises(ModelLoadError, match="generation_config.json.*delete it or copy it again"):
+        folder_defaults(tmp_path, DemoImageModel.defaults)
+
+
 def test_default_training_is_a_gpt2_with_slots_and_seed_exact(smoke_demo_folder):
     """The training script's default (its smoke run): a GPT-2 over the structured prompt, grid
     position init, sampling defaults in generation_config.json; the engine drives it exactly

@@ -328,6 +328,8 @@ def test_defaults_follow_the_loaded_model_and_tooltips_are_true(pack, bridge, ha
     assert f"demo {defaults.cfg_scale:g}" in req["cfg"][1]["tooltip"] and "demo 3" not in req["cfg"][1]["tooltip"]
     assert f"demo {defaults.temperature:g}" in req["temperature"][1]["tooltip"]
     assert f"demo {defaults.window}" in req["window"][1]["tooltip"]
+    assert f"demo {defaults.tree_depth}," in req["tree_depth"][1]["tooltip"]
+    assert f"demo {defaults.tree_width}," in req["tree_width"][1]["tooltip"]
     assert "the fastest" not in req["method"][1]["tooltip"]  # only what measurements show
     args = sampler_args(**{name: -1 for name in model_default})
     _, stats = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(handle, **args)
@@ -359,7 +361,8 @@ def test_settings_go_into_the_saved_png_metadata(pack, bridge, handle):
         handle, **sampler_args(seed=123, cfg=-1, window=-1), unique_id="9", extra_pnginfo=extra)
     saved = json.loads(json.dumps(extra["sjd_pac"]))["9"]  # plain JSON
     assert saved["prompt"] == "a red circle on a blue background" and saved["seed"] == 123
-    assert saved["cfg"] == handle.get().defaults.cfg_scale and saved["window"] == 32  # resolved values
+    defaults = handle.get().defaults
+    assert saved["cfg"] == defaults.cfg_scale and saved["window"] == defaults.window  # resolved values
     for key in ("method", "tree_depth", "tree_width", "verify", "temperature", "top_k", "top_p", "model",
                 "resolution", "negative_prompt", "batch_size"):
         assert key in saved

@@ -36,8 +36,13 @@ def folder_defaults(folder: Path, base: FamilyDefaults) -> FamilyDefaults:
         return base
     try:
         config = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return base
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"{path} could not be read ({' '.join(str(exc).split())[:120]}); it only holds sampling "
+            "defaults, so delete it or copy it again from sjd_pac_core/demo/weights."
+        ) from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path} is not a JSON object; delete it or copy it again from sjd_pac_core/demo/weights.")
     changes = {}
     for key, field in GENERATION_DEFAULT_KEYS.items():
         value = config.get(key)
@@ -51,7 +56,12 @@ class DemoImageModel(ARImageModel):
     # Measured on the shipped weights (README, "Demo model"; `python -m sjd_pac_core.demo.quality`):
     # CFG 2 at temperature 0.8 gets background and object colour right on 96 % of held-out
     # prompts; CFG 3 paints the object colour over the background, temperature 1 adds stray blobs.
-    defaults = FamilyDefaults(resolutions=("64x64",), cfg_scale=2.0, temperature=0.8, window=32)
+    # The sampler's shape is the fastest measured on a 2-core CPU, where the demo runs: a pass costs
+    # about 2.7 ms plus 0.13 ms per node there, so a short window with one tree level of K beats the
+    # long window and wide tree that win where passes are nearly free (README "Results"; a GPU
+    # user of a 7B family keeps that family's L and tree).
+    defaults = FamilyDefaults(resolutions=("64x64",), cfg_scale=2.0, temperature=0.8, window=12,
+                              tree_depth=2, tree_width=4, tree_first_width=None)
 
     def __init__(self, demo: DemoModel) -> None:
         self.demo = demo

@@ -125,9 +125,13 @@ def config_from_settings(
         values["temperature"] = real_number(temperature, "temperature", "1.0")
     if not _empty(top_k):
         k = whole_number(top_k, "top-k", "0 (off)")
+        if k < 0:  # SamplerConfig's own message speaks of None, which no UI can enter
+            raise ConfigError(f"top_k must be 0 (off) or more, got {k}; try 0.")
         values["top_k"] = None if k == 0 else k
     if not _empty(top_p):
         p = real_number(top_p, "top-p", "1.0 (off)")
+        if p <= 0:
+            raise ConfigError(f"top_p must be above 0 (1 = off), got {p:g}; try 0.9, or 1 to turn it off.")
         values["top_p"] = None if p >= 1.0 else p
     if not _empty(compile):
         values["compile"] = switch(compile, "compile")

@@ -346,3 +346,25 @@ def test_gpu_script_runs_tiny_on_cpu(tmp_path):
         assert all(r["passes"] >= 1 for r in shape["overhead"])
     assert set(data["demo"]["summary"]) == {"ar", "generate"}
     assert "t(L)/t(1)" in (out / "gpu_bench.md").read_text()
+
+
+def test_bench_settings_go_through_the_one_conversion():
+    """The bench's shared settings mean what they mean for `sjd-pac generate`: top-k 0 and top-p 1
+    are off, --tree-first-width 0 is K at every level, --side-chain counts (it was ignored)."""
+    import sjd_pac_core as sp
+    from sjd_pac_core.bench.cli import _base_config
+    from sjd_pac_core.cli import build_parser
+
+    model = sp.load_model("demo")
+    def parse(*argv):
+        argv = ["bench", *argv]
+        return build_parser(argv).parse_args(argv)
+
+    args = parse("--top-k", "0", "--top-p", "1", "--tree-first-width", "0", "--side-chain", "4", "-D", "3",
+                 "-K", "2", "--cfg", "1.5")
+    config = _base_config(model, args)
+    assert (config.top_k, config.top_p, config.tree_first_width, config.tree_side_chain) == (None, None, None, 4)
+    assert (config.tree_depth, config.tree_width, config.cfg_scale) == (3, 2, 1.5)
+    assert _base_config(model, parse()) == model.defaults.sampler_config()
+    with pytest.raises(sp.ConfigError, match="top_k must be 0"):
+        _base_config(model, parse("--top-k", "-2"))

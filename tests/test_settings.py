@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -121,3 +123,13 @@ def test_tree_first_width_setting_and_cli_flag():
         config_from_settings(DEMO_LIKE, tree_first_width=-3)
     args = cli.build_parser().parse_args(["generate", "a red circle", "-D", "2", "-K", "4", "--tree-first-width", "0"])
     assert cli._config_from_args(args, DEMO_LIKE).tree_widths == (4,)
+
+
+@pytest.mark.parametrize("field,value,fix", [("top_k", -2, "top_k must be 0 (off) or more"),
+                                             ("top_p", 0, "top_p must be above 0"),
+                                             ("top_p", "-0.5", "top_p must be above 0")])
+def test_impossible_top_k_and_top_p_name_the_ui_values(field, value, fix):
+    """The message names what a widget or flag can enter (0 / 1 = off), not SamplerConfig's None."""
+    with pytest.raises(sp.ConfigError, match=re.escape(fix)) as err:
+        config_from_settings(DEMO_LIKE, **{field: value})
+    assert "None" not in str(err.value)

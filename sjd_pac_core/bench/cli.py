@@ -24,6 +24,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from ..settings import config_from_settings
 from .runner import (
     DEFAULT_METHODS,
     PRESETS,
@@ -173,14 +174,14 @@ def _grid_single_or_list(args, default: str) -> List[MethodSpec]:
 
 
 def _base_config(model, args):
-    overrides = dict(verify=args.verify)
-    for name, value in [("tree_depth", args.tree_depth), ("tree_width", args.tree_width), ("cfg_scale", args.cfg),
-                        ("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p)]:
-        if value is not None:
-            overrides[name] = value
-    if getattr(args, "tree_first_width", None) is not None:  # 0: K at every level
-        overrides["tree_first_width"] = args.tree_first_width or None
-    return model.defaults.sampler_config(**overrides)
+    """The settings every benchmarked method shares, through the one conversion the CLI, nodes and
+    app use (top-k 0 and top-p 1 are off, --tree-first-width 0 is K at every level, --side-chain
+    counts); each method then sets its own method, window, rule and tree shape."""
+    return config_from_settings(
+        model.defaults, tree_depth=args.tree_depth, tree_width=args.tree_width,
+        tree_side_chain=getattr(args, "side_chain", None), tree_first_width=getattr(args, "tree_first_width", None),
+        verify=args.verify, cfg_scale=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+    )
 
 
 def _setup(args):

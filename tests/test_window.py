@@ -44,7 +44,7 @@ def test_tree_levels_and_chain_runs_are_counted_apart():
     policy.observe(1, censored=False, window=16, tree_levels=2)  # once through the first level
     for _ in range(50):  # then the tree ends every pass at its first level: the chain is never reached
         policy.observe(0, censored=False, window=16, tree_levels=2)
-    assert not policy.chain.at_risk and policy.tree.hazards()(0) == 50 / 51
+    assert not policy.chain.at_risk and policy.tree.hazards(1)[0] == 50 / 51
     assert policy.next_window() == 1  # the chain adds nothing: flat costs do not buy a longer window
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -167,17 +167,13 @@ class _Survival:
         deep = seen[len(seen) // 2:]
         return sum(self.events[k] for k in deep) / sum(self.at_risk[k] for k in deep)
 
-    def hazards(self, prior: float = 0.5) -> Callable[[int], float]:
-        """k -> hazard at k; where too little is seen, the tail hazard (else `prior`)."""
+    def hazards(self, length: int, prior: float = 0.5) -> List[float]:
+        """Hazards at positions 0..length-1; where too little is seen, the tail hazard (else `prior`)."""
         tail = self.tail_hazard()
         tail = prior if tail is None else tail
         tail = min(max(tail, 0.02), 1.0)
-
-        def hazard(k: int) -> float:
-            if k < len(self.at_risk) and self.at_risk[k] > 0.5:
-                return self.events[k] / self.at_risk[k]
-            return tail
-        return hazard
+        seen = [e / r if r > 0.5 else tail for e, r in zip(self.events[:length], self.at_risk[:length])]
+        return seen + [tail] * (length - len(seen))
 
 
 class AutoWindow:
@@ -248,19 +244,26 @@ class AutoWindow:
         self.window = self._best_window()
 
     def expected_tokens(self, window: int) -> float:
+        return self._expected_curve(window)[window]
+
+    def _expected_curve(self, length: int) -> List[float]:
+        """Expected tokens of a pass of window w, for w = 0..length (one sweep for every window)."""
         tree_mean = self.tree.mean_hazard()
-        tree = self.tree.hazards()
-        chain = self.chain.hazards(prior=0.5 if tree_mean is None else tree_mean)
-        levels = min(self.levels, window)
-        survive, total = 1.0, 1.0
-        for k in range(window):
-            survive *= 1.0 - (tree(k) if k < levels else chain(k - levels))
+        tree = self.tree.hazards(length)
+        chain = self.chain.hazards(length, prior=0.5 if tree_mean is None else tree_mean)
+        levels = self.levels
+        survive, total, curve = 1.0, 1.0, [1.0]
+        for k in range(length):
+            survive *= 1.0 - (tree[k] if k < levels else chain[k - levels])
             total += survive
-        return total
+            curve.append(total)
+        return curve
 
     def _best_window(self) -> int:
+        curve = self._expected_curve(max(self.candidates))
+
         def speed(w: int) -> float:
-            return self.expected_tokens(w) / self.pass_cost(1 + w + self.extra_nodes)
+            return curve[w] / self.pass_cost(1 + w + self.extra_nodes)
 
         best, best_speed = self.candidates[0], speed(self.candidates[0])
         for w in self.candidates[1:]:  # ascending: a longer window must pay for itself
@@ -401,11 +404,11 @@ class AutoTreeWindow(AutoWindow):
 
     def _main_survival(self, length: int) -> List[float]:
         """P(the main branch's first k drafts are all accepted), k = 0..length."""
-        chain = self.chain.hazards(prior=0.5)
+        chain = self.chain.hazards(length, prior=0.5)
         levels = len(self.full_tree)
         survive, out = 1.0, [1.0]
         for k in range(length):
-            survive *= self.slots.passed(k, 1) if k < levels else 1.0 - chain(k - levels)
+            survive *= self.slots.passed(k, 1) if k < levels else 1.0 - chain[k - levels]
             out.append(survive)
         return out
 

@@ -179,7 +179,7 @@ def _base_config(model, args):
     counts); each method then sets its own method, window, rule and tree shape."""
     return config_from_settings(
         model.defaults, tree_depth=args.tree_depth, tree_width=args.tree_width,
-        tree_side_chain=getattr(args, "side_chain", None), tree_first_width=getattr(args, "tree_first_width", None),
+        tree_side_chain=args.side_chain, tree_first_width=args.tree_first_width,
         verify=args.verify, cfg_scale=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
     )
 

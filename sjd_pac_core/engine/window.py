@@ -126,7 +126,7 @@ class FixedWindow:
         pass
 
     def note_overhead(self, seconds: float) -> None:
-        pass
+        """A constant window needs no costs."""
 
 
 class _Survival:
@@ -267,8 +267,9 @@ class AutoWindow:
 
         best, best_speed = self.candidates[0], speed(self.candidates[0])
         for w in self.candidates[1:]:  # ascending: a longer window must pay for itself
-            if speed(w) > best_speed * (1.0 + self.RELATIVE_GAIN):
-                best, best_speed = w, speed(w)
+            w_speed = speed(w)
+            if w_speed > best_speed * (1.0 + self.RELATIVE_GAIN):
+                best, best_speed = w, w_speed
         return best
 
 

@@ -161,3 +161,47 @@ def test_objects_are_flat_and_sizes_in_their_ranges():
             dist = np.linalg.norm(inside - np.array(D.COLORS[o.color]), axis=1)
             assert np.percentile(dist, 95) < 40, (s.caption, o, np.percentile(dist, 95))
             assert (nearest_color(s.image[m > 0.99]) == D.COLOR_NAMES.index(o.color)).mean() > 0.95
+
+
+def test_token_layout_marks_the_tokens_each_object_covers():
+    """token_layout: 0 on background tokens, k on the tokens the caption's k-th object covers by
+    majority, matching the pixel masks; a caption's first object is 1 (the slot prompt's first)."""
+    for i in range(60):
+        s = D.make_sample(0, i)
+        layout = D.token_layout(s)
+        assert layout.shape == (16, 16) and set(np.unique(layout)) <= set(range(len(s.objects) + 1))
+        for k, mask in enumerate(s.masks, start=1):
+            cover = mask.reshape(16, 4, 16, 4).mean(axis=(1, 3))
+            assert (layout == k).sum() >= 1, s.caption
+            assert (cover[layout == k] > 0.5).all()
+            assert ((cover > 0.5) <= (layout > 0)).all()  # a majority-covered token is some object's
+        assert not (layout > 0)[np.clip(np.sum(s.masks, axis=0), 0, 1).reshape(16, 4, 16, 4).mean(axis=(1, 3)) < 0.5].any()
+    images, captions, layouts = D.generate(3, 0, layouts=True)
+    assert layouts.shape == (3, 16, 16) and (layouts[1] == D.token_layout(D.make_sample(0, 1))).all()
+    assert len(D.generate(3, 0)) == 2  # without layouts: (images, captions) as before
+
+
+def test_layout_labels_align_with_the_image_labels():
+    """The auxiliary layout targets of `demo.train --layout-weight` sit exactly on the image tokens
+    of `make_batch` (row ends, <eoi>, the prompt and dropped captions are ignored)."""
+    import torch
+
+    from sjd_pac_core.demo import train as T
+    from sjd_pac_core.demo.vocab import SLOT_WORDS, DemoVocab
+
+    vocab = DemoVocab(words=list(D.CAPTION_WORDS) + SLOT_WORDS, codebook_size=16, grid=16, prompt_format="slots")
+    layouts = np.zeros((2, 16, 16), np.int8)
+    layouts[0, 3, 5] = 1
+    layouts[1, 15, 15] = 2
+    seq = T.layout_sequences(vocab, layouts)
+    assert seq.shape == (2, vocab.num_image_tokens + 1)
+    assert seq[0, 3 * vocab.row_length + 5] == 1 and seq[1, 15 * vocab.row_length + 15] == 2
+    assert (seq[:, vocab.row_length - 1 :: vocab.row_length] == -100).all() and (seq[:, -1] == -100).all()
+    prompts = [vocab.prompt_ids("a red circle top left on a blue background")] * 2
+    codes = torch.zeros(2, 16, 16, dtype=torch.long)
+    img = T.build_sequences(vocab, ["a red circle top left on a blue background"] * 2, codes)[1]
+    ids, labels, _ = T.make_batch(vocab, prompts, img, [0, 1], [False, True])
+    targets = T.layout_labels(vocab, prompts, seq, [0, 1], [False, True], ids.shape[1])
+    assert ((targets[0] != -100) <= (labels[0] != -100)).all()  # only where the LM has a label
+    plen = len(prompts[0])
+    assert targets[0, plen + 3 * vocab.row_length + 5] == 1 and (targets[1] == -100).all()

@@ -342,9 +342,24 @@ def caption_regions(caption: str, grid: int = 16) -> np.ndarray:
     return region
 
 
-def generate(n: int, seed: int = 0, split: str = "train", start: int = 0, progress: bool = False):
-    """``n`` samples -> (uint8 images (n, 64, 64, 3), list of captions)."""
+def token_layout(sample: Sample, grid: int = 16) -> np.ndarray:
+    """(grid, grid) int8: which object each image token shows (0: background, k: the caption's
+    k-th object), by majority coverage of the token's patch; a later object covers an earlier one
+    as in rendering. A training target for `demo.train --layout-weight`."""
+    cell = IMAGE_SIZE // grid
+    layout = np.zeros((grid, grid), np.int8)
+    for k, mask in enumerate(sample.masks, start=1):
+        coverage = mask.reshape(grid, cell, grid, cell).mean(axis=(1, 3))
+        layout[coverage > 0.5] = k
+    return layout
+
+
+def generate(n: int, seed: int = 0, split: str = "train", start: int = 0, progress: bool = False,
+             layouts: bool = False):
+    """``n`` samples -> (uint8 images (n, 64, 64, 3), list of captions), and with ``layouts`` also
+    their `token_layout`s (n, 16, 16)."""
     images = np.empty((n, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
+    token_layouts = np.zeros((n, 16, 16), np.int8) if layouts else None
     captions = []
     it = range(n)
     if progress:
@@ -355,7 +370,9 @@ def generate(n: int, seed: int = 0, split: str = "train", start: int = 0, progre
         s = make_sample(seed, start + i, split)
         images[i] = s.image
         captions.append(s.caption)
-    return images, captions
+        if layouts:
+            token_layouts[i] = token_layout(s)
+    return (images, captions, token_layouts) if layouts else (images, captions)
 
 
 def contact_sheet(images: np.ndarray, cols: int = 8, scale: int = 2) -> Image.Image:

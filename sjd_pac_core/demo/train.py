@@ -161,6 +161,27 @@ def make_batch(vocab, prompts, img, idx, drop_mask, img_weights=None):
     return ids, labels, weights
 
 
+def layout_sequences(vocab: DemoVocab, layouts: np.ndarray) -> torch.Tensor:
+    """(N, 16, 16) `data.token_layout`s -> (N, 273) long in the image sequence's layout (row-end
+    tokens and <eoi> are -100: they show nothing)."""
+    lay = torch.as_tensor(layouts, dtype=torch.long)
+    n, rows, cols = lay.shape
+    lay = torch.cat([lay, torch.full((n, rows, vocab.row_length - cols), -100)], 2).reshape(n, -1)
+    return torch.cat([lay, torch.full((n, 1), -100)], 1)
+
+
+def layout_labels(vocab: DemoVocab, prompts, layout_seq: torch.Tensor, idx, drop_mask, length: int) -> torch.Tensor:
+    """The auxiliary head's targets for a batch of `make_batch`, aligned with its labels: which
+    object each image token shows; -100 elsewhere and for dropped captions (without the caption
+    the layout is not what the head should learn)."""
+    out = torch.full((len(idx), length), -100, dtype=torch.long)
+    for j, i in enumerate(idx):
+        if not drop_mask[j]:
+            plen = len(prompts[i])
+            out[j, plen : plen + layout_seq.shape[1]] = layout_seq[i]
+    return out
+
+
 def weighted_lm_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Next-token cross entropy, weighted per target token (weights aligned with labels)."""
     ce = torch.nn.functional.cross_entropy(
@@ -240,6 +261,10 @@ def main(argv=None):
     ap.add_argument("--caption-dropout", type=float, default=0.12)
     ap.add_argument("--object-weight", type=float, default=4.0,
                     help="extra loss weight on the image tokens where the caption puts an object (0: plain cross entropy)")
+    ap.add_argument("--layout-weight", type=float, default=0.0,
+                    help="weight of an auxiliary loss: a linear head on the LM's last hidden state predicts which "
+                         "object (none / first / second) each next image token shows (data.token_layout); dense "
+                         "supervision of the caption's layout, used in training only (the head is not saved)")
     ap.add_argument("--ckpt-every", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps a shared machine usable)")
     ap.add_argument("--vq-from", default=None, help="reuse a trained VQ from this dir instead of training one")
@@ -273,7 +298,11 @@ def main(argv=None):
         log_f.flush()
 
     # ---- 1. data -----------------------------------------------------------------------
-    images, captions = D.generate(args.images, args.seed, "train", progress=progress)
+    layouts = None
+    if args.layout_weight:
+        images, captions, layouts = D.generate(args.images, args.seed, "train", progress=progress, layouts=True)
+    else:
+        images, captions = D.generate(args.images, args.seed, "train", progress=progress)
     n_val = max(4, min(256, args.images // 50))
     val_images, val_captions = D.generate(n_val, args.seed, "train", start=args.images)
     ho_images, ho_captions = D.generate(n_val, args.seed, "heldout")
@@ -348,8 +377,13 @@ def main(argv=None):
         init_grid_positions(model, vocab)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"LM: {n_params / 1e6:.2f}M parameters, vocab {vocab.vocab_size}, max_pos {max_pos}", flush=True)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    layout_head = layout_seq = None
+    if args.layout_weight:
+        layout_head = torch.nn.Linear(args.hidden, 1 + 2)  # none / first object / second object
+        layout_seq = layout_sequences(vocab, layouts)
+    trained = list(model.named_parameters()) + (list(layout_head.named_parameters()) if layout_head else [])
+    decay = [p for n, p in trained if p.dim() >= 2]
+    no_decay = [p for n, p in trained if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
         lr=args.lm_lr,
@@ -388,6 +422,7 @@ def main(argv=None):
                 "lr": args.lm_lr,
                 "caption_dropout": args.caption_dropout,
                 "object_weight": args.object_weight,
+                "layout_weight": args.layout_weight,
                 "params": n_params,
                 "arch": args.arch,
                 "prompt_format": vocab.prompt_format,
@@ -435,7 +470,14 @@ def main(argv=None):
         idx = torch.randint(0, len(prompts), (args.lm_batch,), generator=g).tolist()
         drop = (torch.rand(args.lm_batch, generator=g) < args.caption_dropout).tolist()
         ids, labels, weights = make_batch(vocab, prompts, img, idx, drop, img_weights)
-        loss = weighted_lm_loss(model(input_ids=ids).logits, labels, weights)
+        out_lm = model(input_ids=ids, output_hidden_states=layout_head is not None)
+        loss = weighted_lm_loss(out_lm.logits, labels, weights)
+        if layout_head is not None:
+            targets = layout_labels(vocab, prompts, layout_seq, idx, drop, ids.shape[1])
+            aux = layout_head(out_lm.hidden_states[-1][:, :-1])
+            layout_loss = torch.nn.functional.cross_entropy(aux.reshape(-1, aux.shape[-1]), targets[:, 1:].reshape(-1),
+                                                            ignore_index=-100)
+            loss = loss + args.layout_weight * layout_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -92,6 +92,11 @@ class SamplerConfig:
         runs on into the chain (0: the chain hangs off the main branch only, and a side-branch win
         ends the pass after the tree). Cut so the side chains add at most MAX_TREE_NODES nodes
         (`side_chain_len`); the default tree with 16 adds 160 nodes per pass.
+    tree_chain_width: candidates at every chain position past the tree's levels (1: the chain's
+        draft only, the default). Candidates 1 .. W - 1 of a position's draw sit beside its
+        draft as leaves, so a pass whose chain draft is rejected still commits the token after
+        the position when a sibling holds the verified token. Adds (W - 1) x (L - D + 1) nodes
+        per pass; needs a fixed window (at most MAX_TREE_NODES sibling nodes).
     adaptive_continuation, proactive_drafting: switch AC and PD separately (sjd_pac only), so
         the paper's ablation SJD / +PD / +AC / +PD+AC is one flag each.
     verify: "gumbel" (the default; seed-exact: every method gives the same tokens as plain AR for
@@ -113,6 +118,7 @@ class SamplerConfig:
     tree_every_pass: bool = True
     tree_first_width: Optional[int] = 8
     tree_side_chain: int = 0
+    tree_chain_width: int = 1
     adaptive_continuation: bool = True
     proactive_drafting: bool = True
     verify: VerifyRule = "gumbel"
@@ -175,6 +181,16 @@ class SamplerConfig:
                 f"tree_side_chain must be an integer >= 0, got {self.tree_side_chain!r}; 0 hangs the "
                 "chain off the main branch only."
             )
+        if not isinstance(self.tree_chain_width, int) or self.tree_chain_width < 1:
+            raise ConfigError(
+                f"tree_chain_width must be an integer >= 1, got {self.tree_chain_width!r}; 1 drafts one "
+                "token per chain position (no siblings)."
+            )
+        if self.tree_chain_width > 1 and self.window == "auto" and self.use_pd:
+            raise ConfigError(
+                f"tree_chain_width = {self.tree_chain_width} needs a fixed window (the auto window prices a "
+                "fixed tree); set window to a number such as 64, or tree_chain_width to 1."
+            )
         if self.window != "auto" and self.window > MAX_WINDOW:
             raise ConfigError(
                 f"window (L) = {self.window} is above the limit of {MAX_WINDOW} drafts per pass; use 32, 64 or 'auto'."
@@ -189,6 +205,12 @@ class SamplerConfig:
                     f"more than {MAX_TREE_NODES} nodes (the cost grows as K^(D-1)); with K = "
                     f"{self.tree_width} use D <= {max_tree_depth(self.tree_width, first_width=first)}."
                 )
+        if self.chain_sibling_nodes > MAX_TREE_NODES:
+            raise ConfigError(
+                f"tree_chain_width = {self.tree_chain_width} at window L = {self.window} adds "
+                f"{self.chain_sibling_nodes} sibling nodes per pass, above the limit of {MAX_TREE_NODES}; use "
+                f"tree_chain_width <= {max(1, 1 + MAX_TREE_NODES // max(1, self.chain_positions))} or a shorter window."
+            )
         if self.temperature is None or not self.temperature > 0:
             raise ConfigError(
                 f"temperature must be > 0, got {self.temperature!r}; use 1.0 for the model's own "
@@ -228,11 +250,23 @@ class SamplerConfig:
         return min(self.tree_side_chain, MAX_TREE_NODES // leaves)
 
     @property
-    def tree_side_nodes(self) -> int:
-        """Nodes a full PD tree adds beyond the main branch."""
+    def chain_positions(self) -> int:
+        """Window positions past the tree's levels (where chain siblings go)."""
+        return max(self.window_size - len(self.tree_widths), 0)
+
+    @property
+    def chain_sibling_nodes(self) -> int:
+        """Nodes the chain siblings add to a full window's pass (tree_chain_width)."""
         if not self.use_pd:
             return 0
-        return tree_side_nodes(self.tree_widths, self.side_chain_len)
+        return (self.tree_chain_width - 1) * self.chain_positions
+
+    @property
+    def tree_side_nodes(self) -> int:
+        """Nodes a full PD tree adds beyond the main branch (side chains and chain siblings too)."""
+        if not self.use_pd:
+            return 0
+        return tree_side_nodes(self.tree_widths, self.side_chain_len) + self.chain_sibling_nodes
 
     @property
     def use_ac(self) -> bool:

@@ -87,6 +87,7 @@ def config_from_settings(
     tree_width: object = None,
     tree_side_chain: object = None,
     tree_first_width: object = None,
+    tree_chain_width: object = None,
     verify: Optional[str] = None,
     cfg_scale: object = None,
     temperature: object = None,
@@ -119,6 +120,8 @@ def config_from_settings(
         values["tree_first_width"] = None if first == 0 else first
     if not _empty(tree_side_chain):
         values["tree_side_chain"] = whole_number(tree_side_chain, "side chain length", "16 (0 = off, the default)")
+    if not _empty(tree_chain_width):
+        values["tree_chain_width"] = whole_number(tree_chain_width, "chain width", "3 (1 = off, the default)")
     if not _empty(cfg_scale):
         values["cfg_scale"] = real_number(cfg_scale, "CFG scale", "2 (1 = off)")
     if not _empty(temperature):

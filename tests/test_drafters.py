@@ -65,6 +65,14 @@ CASES = {
         sp.SamplerConfig(window=4, tree_depth=2, tree_width=1, tree_first_width=3, tree_every_pass=True,
                          verify="gumbel"), 3000,
     ),
+    # Chain siblings: a second candidate beside every chain draft (positions 1-3 of the window).
+    "chain_siblings_W2_K2_D2_L4": (
+        RejectionConfig(window=4, tree_depth=2, tree_width=2, tree_first_width=None, tree_chain_width=2), 4000,
+    ),
+    "chain_siblings_W2_D3_L4_cfg_gumbel": (
+        sp.SamplerConfig(window=4, tree_depth=3, tree_width=2, tree_chain_width=2, cfg_scale=2.0, verify="gumbel"),
+        3000,
+    ),
 }
 
 
@@ -96,6 +104,36 @@ def test_config_picks_the_drafter_and_its_tree_shape():
         sp.SamplerConfig(tree_first_width=0)
 
 
+def test_chain_width_shape_config_and_limits():
+    from sjd_pac_core.sampling.tree import level_tree_shape, tree_layout
+
+    shape = level_tree_shape((2,), 3, chain_width=3)  # one level of 2, a chain of 3, 2 siblings each
+    assert shape.paths[-6:] == ((0, 1), (0, 2), (0, 0, 1), (0, 0, 2), (0, 0, 0, 1), (0, 0, 0, 2))
+    assert shape.num_nodes == 1 + 2 + 3 + 6 and tree_layout(shape).main_nodes == (0, 1, 3, 4, 5)
+    assert level_tree_shape((2,), 3) == level_tree_shape((2,), 3, chain_width=1)  # off: the old shape
+    config = sp.SamplerConfig(window=64, tree_chain_width=2)  # the default tree (8 then 4) + 62 siblings
+    assert config.chain_sibling_nodes == 62 and config.tree_side_nodes == 38 + 62
+    drafter = drafters.make_drafter(config)
+    assert drafter.chain_width == 2 and drafter.max_side_nodes == 38 + 62
+    assert sp.SamplerConfig(method="sjd", tree_chain_width=3).tree_side_nodes == 0  # no tree, no siblings
+    with pytest.raises(sp.ConfigError, match="needs a fixed window"):
+        sp.SamplerConfig(window="auto", tree_chain_width=2)
+    with pytest.raises(sp.ConfigError, match="above the limit"):
+        sp.SamplerConfig(window=200, tree_chain_width=3)
+    with pytest.raises(sp.ConfigError, match="tree_chain_width must be an integer >= 1"):
+        sp.SamplerConfig(tree_chain_width=0)
+
+
+def test_chain_siblings_keep_the_ar_tokens_under_gumbel(tiny):
+    """Under the Gumbel rule any tree gives AR's tokens: chain siblings too (30 seeds)."""
+    table = tiny[2]
+    config = sp.SamplerConfig(window=4, tree_depth=2, tree_width=2, tree_chain_width=3, verify="gumbel")
+    for seed in range(30):
+        ar = sp.sample_tokens(table, PROMPT, N, config=config.with_(method="ar"), seed=seed)
+        out = sp.sample_tokens(table, PROMPT, N, config=config, seed=seed)
+        assert torch.equal(ar.tokens, out.tokens), seed
+
+
 class _GreedyFirstDraft(drafters.EveryPassTreeDrafter):
     """Planted bug: the first tree level's main draft is argmax q, but verified as a draw from q."""
 
@@ -113,6 +151,18 @@ def test_negative_control_greedy_tree_draft_is_caught(tiny, monkeypatch):
     assert p_value < P_VALUE_MIN or tv > TV_FACTOR * noise, (
         f"planted greedy draft went unnoticed: p = {p_value:.3f}, tv {tv:.4f}, noise {noise:.4f}"
     )
+
+
+def test_chain_siblings_are_fed_and_win_passes(tiny):
+    """The chain-sibling case above exercises its siblings: every chain position gets one, and
+    some passes end on a sibling past the tree (test_exactness.py holds their planted control)."""
+    config, _ = CASES["chain_siblings_W2_K2_D2_L4"]
+    table = tiny[2]
+    out = sp.sample_tokens(table, PROMPT, N, config=config, seed=3)
+    assert out.stats.records[1].tree_nodes == 1 + 3  # the first level's sibling + one per chain position
+    runs = [sp.sample_tokens(table, PROMPT, N, config=config, seed=s).stats for s in range(100)]
+    deep_sibling_wins = sum(1 for st in runs for r in st.records[1:] if any(b > 0 for b in r.branch[1:]))
+    assert deep_sibling_wins >= 10, deep_sibling_wins
 
 
 def test_drafting_benchmark_classifies_where_a_pass_stopped():

@@ -181,6 +181,11 @@ PD_CASES = {
     "K4_two_levels_top_k": (
         RejectionConfig(method="sjd_pac", window=8, tree_width=4, tree_depth=3, top_k=5), 1500,
     ),
+    # Chain siblings (tree_chain_width): 3 candidates beside every chain draft past the one level.
+    "K4_one_level_chain_siblings_W4": (
+        RejectionConfig(method="sjd_pac", window=8, tree_width=4, tree_depth=2, tree_first_width=None,
+                        tree_chain_width=4), 1500,
+    ),
 }
 # The planted sibling bugs run on the one-level K = 4 tree (three siblings per level, the most
 # power per sample); samples such that p < 1e-6 with margin over seeds.
@@ -218,6 +223,26 @@ def test_planted_sibling_bug_is_caught(fault):
         p_value, worst, share = pd_check(config, PLANTED_SIBLING_SAMPLES[fault], seed0=10**6)
     assert calls.count > 0, f"the seam of {fault} never ran; re-target it in exactness_tools.FAULTS"
     assert p_value < P_VALUE_PLANTED_MAX, f"planted bug {fault} went unnoticed: p = {p_value:.2e} at {worst}"
+
+
+def test_planted_chain_siblings_not_drawn_from_q_are_caught(monkeypatch):
+    """Chain siblings drawn uniformly but verified as a draw from q without replacement (a sibling
+    law that is not the proposal's) fail the same test (p = 2.7e-9 at seed 10**6; greedy siblings,
+    the most likely other tokens, give p = 4e-3: a smaller fault)."""
+    from sjd_pac_core.sampling import rules
+    from sjd_pac_core.sampling.verify import candidate_validity, sample_without_replacement_rows
+
+    calls = []
+
+    def uniform_siblings(self, q, first, k, positions):
+        calls.append(1)
+        return sample_without_replacement_rows(torch.ones_like(q), first, k, self.generator), candidate_validity(q, k)
+
+    monkeypatch.setattr(rules.RejectionRule, "chain_candidates", uniform_siblings)
+    config, _ = PD_CASES["K4_one_level_chain_siblings_W4"]
+    p_value, worst, _ = pd_check(config, 2000, seed0=10**6)
+    assert calls, "the chain siblings were never drawn"
+    assert p_value < P_VALUE_PLANTED_MAX, f"planted sibling law went unnoticed: p = {p_value:.2e} at {worst}"
 
 
 # --- window="auto" choosing the tree: any choice made from the past keeps the law -----------------

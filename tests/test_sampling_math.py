@@ -26,6 +26,7 @@ from sjd_pac_core.sampling.verify import (
     residual,
     sample,
     sample_without_replacement,
+    sample_without_replacement_rows,
     speculative_accept,
 )
 
@@ -144,6 +145,29 @@ def test_sample_without_replacement_excludes_the_given_token():
     for _ in range(50):
         got = sample_without_replacement(q, 2, torch.tensor(0), g).tolist()
         assert sorted(got) == [1, 2]
+
+
+def test_sample_without_replacement_rows_follows_plackett_luce_per_row():
+    """The chain siblings' batched draw: per row, the given first token, then draws without
+    replacement from q (here 3 of them on hand-made rows; a row with support 2 pads its last slot)."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.2, 0.3, 0.4], [0.0, 0.6, 0.4, 0.0]])
+    first = torch.tensor([0, 3, 1])
+    n = 20000
+    counts = {}
+    for _ in range(n // 2000):
+        got = sample_without_replacement_rows(q.expand(2000, 3, 4).reshape(-1, 4), first.repeat(2000), 3, g)
+        assert (got[:, 0] == first.repeat(2000)).all()
+        for row in range(3):
+            for seq in got[row::3, 1:].tolist():
+                counts[(row, *seq[:1])] = counts.get((row, *seq[:1]), 0) + 1
+    for row in range(3):
+        rest = q[row].clone()
+        rest[first[row]] = 0
+        rest = rest / rest.sum()
+        for token in range(4):
+            assert abs(counts.get((row, token), 0) / n - float(rest[token])) < 0.015, (row, token)
+    assert sample_without_replacement_rows(q, first, 1, g).tolist() == [[0], [3], [1]]
 
 
 def test_gumbel_noise_depends_on_seed_and_position_only():

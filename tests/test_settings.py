@@ -75,6 +75,10 @@ def test_a_huge_tree_is_refused_at_once_with_the_largest_depth():
         sp.SamplerConfig(tree_depth=2, tree_width=4, tree_first_width=300)
     assert sp.SamplerConfig(tree_depth=2, tree_width=4, tree_first_width=256, tree_side_chain=0).tree_side_nodes == 255
     assert config_from_settings(DEMO_LIKE, tree_side_chain="4").tree_side_chain == 4
+    assert config_from_settings(DEMO_LIKE, tree_chain_width="3").tree_chain_width == 3
+    assert config_from_settings(DEMO_LIKE).tree_chain_width == 1  # off unless asked for
+    with pytest.raises(sp.ConfigError, match=r"chain width must be a whole number.*try 3"):
+        config_from_settings(DEMO_LIKE, tree_chain_width="wide")
 
 
 def test_seeds():

@@ -176,10 +176,10 @@ def _grid_single_or_list(args, default: str) -> List[MethodSpec]:
 def _base_config(model, args):
     """The settings every benchmarked method shares, through the one conversion the CLI, nodes and
     app use (top-k 0 and top-p 1 are off, --tree-first-width 0 is K at every level, --side-chain
-    counts); each method then sets its own method, window, rule and tree shape."""
+    counts, --chain-width too); each method then sets its own method, window, rule and tree shape."""
     return config_from_settings(
         model.defaults, tree_depth=args.tree_depth, tree_width=args.tree_width,
-        tree_side_chain=args.side_chain, tree_first_width=args.tree_first_width,
+        tree_side_chain=args.side_chain, tree_first_width=args.tree_first_width, tree_chain_width=args.chain_width,
         verify=args.verify, cfg_scale=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
     )
 

@@ -45,6 +45,14 @@ VARIANTS: Dict[str, dict] = {
     "pac, every pass, first level 8, side chains 16": dict(tree_every_pass=True, tree_first_width=8, tree_side_chain=16),
     "pac, every pass, first level 8, K=2, side chains 16": dict(tree_every_pass=True, tree_width=2, tree_first_width=8,
                                                                 tree_side_chain=16),
+    "pac, every pass, first level 8, chain width 2": dict(tree_every_pass=True, tree_first_width=8, tree_chain_width=2,
+                                                          **NO_SIDE),
+    "pac, every pass, first level 8, chain width 3": dict(tree_every_pass=True, tree_first_width=8, tree_chain_width=3,
+                                                          **NO_SIDE),
+    "pac, every pass, first level 8, chain width 4": dict(tree_every_pass=True, tree_first_width=8, tree_chain_width=4,
+                                                          **NO_SIDE),
+    "pac, every pass, first level 8, chain width 3, side chains 16": dict(
+        tree_every_pass=True, tree_first_width=8, tree_chain_width=3, tree_side_chain=16),
 }
 WHERE = ("tree", "continued", "new", "side end", "none")
 

@@ -133,22 +133,37 @@ class Drafter(ABC):
 
     @staticmethod
     def shaped_tree(ctx: DraftContext, window: DraftWindow, start: int, widths: Sequence[int],
-                    side_chain: int = 0) -> Optional[TreeDraft]:
+                    side_chain: int = 0, chain_width: int = 1) -> Optional[TreeDraft]:
         """A level tree with widths[d] candidates at window position d (one rule call: a draw of
         max(widths) without replacement per level, of which level d uses the first widths[d]
-        slots, and a prefix of a draw without replacement is itself one), and side chains of
-        `side_chain` drafts on its one-deviation leaves (cut to the drafts the window has)."""
+        slots, and a prefix of a draw without replacement is itself one), side chains of
+        `side_chain` drafts on its one-deviation leaves (cut to the drafts the window has), and
+        `chain_width` - 1 siblings beside every chain draft (one vectorised draw of
+        `chain_width` per chain position, its first slot the draft itself)."""
         levels = min(len(widths), len(window))
         if levels <= 0:
             return None
         vocab = int(window.q.shape[-1])  # a level never draws more tokens than there are
         widths = tuple(min(w, vocab) for w in widths[:levels])
+        chain_width = min(chain_width, vocab)
         rows = slice(0, levels)
         cands, valid = ctx.rule.candidates(window.q[rows], window.tokens[rows], max(widths),
                                            ctx.positions[start : start + levels])
         chain = len(window) - levels
+        if chain_width > 1 and chain:
+            # The siblings' rows join the candidate rows (padding slots where the widths differ).
+            more, more_valid = ctx.rule.chain_candidates(window.q[levels:], window.tokens[levels:], chain_width,
+                                                         ctx.positions[start + levels : start + len(window)])
+            width = max(cands.shape[1], chain_width)
+            cands, more = (torch.nn.functional.pad(c, (0, width - c.shape[1])) for c in (cands, more))
+            valid, more_valid = (torch.nn.functional.pad(v, (0, width - v.shape[1]), value=False)
+                                 for v in (valid, more_valid))
+            cands, valid = torch.cat([cands, more]), torch.cat([valid, more_valid])
+        else:
+            chain_width = 1
         leaves = one_deviation_leaves(widths) if side_chain and chain else ()
-        return TreeDraft(cands, valid, level_tree_shape(widths, chain, leaves, min(side_chain, chain)), widths)
+        shape = level_tree_shape(widths, chain, leaves, min(side_chain, chain), chain_width)
+        return TreeDraft(cands, valid, shape, widths)
 
 
 class SJDDrafter(Drafter):
@@ -183,27 +198,34 @@ class PACDrafter(SJDDrafter):
     rejection. Either can be switched off (the paper's ablation). `widths` overrides the
     per-level candidate counts (e.g. a wider first level). `side_chain` > 0 hangs that many of
     the chain's drafts also off every leaf that leaves the main branch at exactly one level
-    (tree.one_deviation_leaves), so a side-branch win no longer ends the pass."""
+    (tree.one_deviation_leaves), so a side-branch win no longer ends the pass. `chain_width` > 1
+    puts that many candidates at every chain position (siblings of the chain's drafts, as
+    leaves); `max_window` then sizes the envelope (the longest window a pass may carry)."""
 
     def __init__(self, continuation: bool, proactive: bool, depth: int, width: int,
-                 widths: Optional[Sequence[int]] = None, side_chain: int = 0) -> None:
+                 widths: Optional[Sequence[int]] = None, side_chain: int = 0, chain_width: int = 1,
+                 max_window: int = 0) -> None:
         self.continuation = continuation
         self.proactive = proactive and depth > 1
         self.depth, self.width = depth, width
         self.widths = tuple(widths) if widths is not None else (width,) * max(depth - 1, 0)
         self.side_chain = side_chain if self.proactive else 0
+        self.chain_width = chain_width if self.proactive else 1
+        self.max_window = max_window
 
     @property
     def max_side_nodes(self) -> int:
         if not self.proactive:
             return 0
-        return tree_side_nodes(self.widths) + len(one_deviation_leaves(self.widths)) * self.side_chain
+        siblings = (self.chain_width - 1) * max(self.max_window - len(self.widths), 0)
+        return tree_side_nodes(self.widths) + len(one_deviation_leaves(self.widths)) * self.side_chain + siblings
 
     def make_tree(self, ctx: DraftContext, window: DraftWindow, start: int,
                   widths: Optional[Tuple[int, ...]] = None) -> Optional[TreeDraft]:
         """The level tree on the window's first positions: `widths` (the window policy's choice,
         e.g. a narrower tree on hardware where nodes cost) or the configured ones."""
-        return self.shaped_tree(ctx, window, start, self.widths if widths is None else widths, self.side_chain)
+        return self.shaped_tree(ctx, window, start, self.widths if widths is None else widths, self.side_chain,
+                                self.chain_width)
 
     def continue_window(self, ctx: DraftContext, report: PassReport) -> Tuple[DraftWindow, int]:
         """Adaptive Continuation: the verdict's own draw at each node, which keeps the old draft
@@ -237,5 +259,5 @@ def make_drafter(config: SamplerConfig) -> Drafter:
     if config.use_ac or config.use_pd:
         kind = EveryPassTreeDrafter if config.tree_every_pass else PACDrafter
         return kind(config.use_ac, config.use_pd, config.tree_depth, config.tree_width, config.tree_widths,
-                    config.side_chain_len)
+                    config.side_chain_len, config.tree_chain_width, config.window_size)
     return SJDDrafter()

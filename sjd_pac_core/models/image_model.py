@@ -92,6 +92,7 @@ class FamilyDefaults:
     tree_every_pass: bool = True
     tree_first_width: Optional[int] = 8
     tree_side_chain: int = 0
+    tree_chain_width: int = 1
 
     @property
     def resolution(self) -> str:
@@ -102,7 +103,7 @@ class FamilyDefaults:
             cfg_scale=self.cfg_scale, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, window=self.window, tree_depth=self.tree_depth, tree_width=self.tree_width,
             tree_every_pass=self.tree_every_pass, tree_first_width=self.tree_first_width,
-            tree_side_chain=self.tree_side_chain,
+            tree_side_chain=self.tree_side_chain, tree_chain_width=self.tree_chain_width,
         )
         values.update(overrides)
         return SamplerConfig(**values)

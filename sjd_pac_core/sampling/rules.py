@@ -7,6 +7,7 @@ Both expose the same operations, so the loop never branches on the rule:
                                       and the token committed if the walk ends at the node
   candidates(q, first, k, positions)  PD candidates per row: `first`, then k-1 more without
                                       replacement, and which of the k slots are real
+  chain_candidates(...)               the same for many rows at once (the chain siblings)
 Every operation stays on the device: no host sync.
 """
 
@@ -28,6 +29,7 @@ from .verify import (
     residual,
     sample,
     sample_without_replacement,
+    sample_without_replacement_rows,
     speculative_accept,
 )
 
@@ -102,6 +104,12 @@ class RejectionRule:
         rows = [torch.cat([first[d : d + 1], sample_without_replacement(q[d], k - 1, first[d : d + 1], self.generator)])
                 for d in range(q.shape[0])]  # one draw per tree level: a handful
         return torch.stack(rows), candidate_validity(q, k)
+
+    def chain_candidates(
+        self, q: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """As `candidates`, for every chain position at once: one random tensor, no row loop."""
+        return sample_without_replacement_rows(q, first, k, self.generator), candidate_validity(q, k)
 
 
 class GumbelNoiseWindow:
@@ -178,6 +186,11 @@ class GumbelRule:
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         # Each draft `first` is already argmax(log q + G); the top-k keeps it first.
         return gumbel_top_k(q, self._noise(positions), k), candidate_validity(q, k)
+
+    def chain_candidates(
+        self, q: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.candidates(q, first, k, positions)  # already one op over all rows
 
 
 def make_rule(

@@ -83,14 +83,18 @@ def _product(widths: Sequence[int]) -> Iterable[Path]:
 
 @lru_cache(maxsize=512)
 def level_tree_shape(widths: Tuple[int, ...], chain_len: int, side_leaves: Tuple[int, ...] = (),
-                     side_len: int = 0) -> TreeShape:
+                     side_len: int = 0, chain_width: int = 1) -> TreeShape:
     """Proactive Drafting's tree: level d (1-based) gives every node of level d - 1 the same
     widths[d-1] candidates; then a chain of `chain_len` drafts off the main branch's leaf; then
     a side chain of `side_len` drafts (the chain's first ones) off each leaf in `side_leaves`
-    (local indices at the last level, never 0: the main leaf already carries the chain).
+    (local indices at the last level, never 0: the main leaf already carries the chain); then,
+    with `chain_width` > 1, chain siblings: candidates 1 .. chain_width - 1 of every chain
+    position as leaves beside the chain's draft (a rejected chain draft whose sibling holds the
+    verified token still gains the token after it).
 
     Node order: the levels breadth first (child k of the node with local index l at level d - 1
-    has local index l * widths[d-1] + k), the main chain, then the side chains in leaf order.
+    has local index l * widths[d-1] + k), the main chain, the side chains in leaf order, then
+    the chain siblings by position.
     """
     widths = tuple(int(w) for w in widths)
     side_len = min(int(side_len), chain_len) if widths else 0
@@ -105,6 +109,8 @@ def level_tree_shape(widths: Tuple[int, ...], chain_len: int, side_leaves: Tuple
         if not 0 < leaf < len(leaves):
             raise ValueError(f"side leaf {leaf} is not a side leaf of a tree with widths {widths}")
         paths += [leaves[leaf] + (0,) * r for r in range(1, side_len + 1)]
+    for r in range(chain_len):  # the chain's draft at depth levels + r + 1 is slot 0 of its parent
+        paths += [(0,) * (levels + r) + (slot,) for slot in range(1, int(chain_width))]
     return TreeShape(tuple(paths))
 
 
@@ -187,9 +193,9 @@ def tree_layout(shape: TreeShape) -> TreeLayout:
 
 
 def build_tree_layout(widths: Tuple[int, ...], chain_len: int, side_leaves: Tuple[int, ...] = (),
-                      side_len: int = 0) -> TreeLayout:
-    """The layout of `level_tree_shape(widths, chain_len, side_leaves, side_len)`."""
-    return tree_layout(level_tree_shape(widths, chain_len, side_leaves, side_len))
+                      side_len: int = 0, chain_width: int = 1) -> TreeLayout:
+    """The layout of `level_tree_shape(widths, chain_len, side_leaves, side_len, chain_width)`."""
+    return tree_layout(level_tree_shape(widths, chain_len, side_leaves, side_len, chain_width))
 
 
 def tree_attention_mask(

@@ -113,6 +113,22 @@ def sample_without_replacement(
     return torch.topk(keys, k).indices
 
 
+def sample_without_replacement_rows(
+    q: torch.Tensor, first: torch.Tensor, k: int, generator: Optional[torch.Generator]
+) -> torch.Tensor:
+    """Per row of q [T, V]: `first` (drawn from it), then k - 1 more without replacement: long
+    [T, k]. The same law as `sample_without_replacement` row by row, in one Gumbel top-k over
+    all rows. Rows with fewer than k tokens of support get arbitrary extra slots, which
+    `candidate_validity` marks as padding."""
+    if k <= 1:
+        return first.unsqueeze(-1)
+    dtype = compute_dtype(q.device)
+    logq = torch.log(q).to(dtype).scatter(-1, first.unsqueeze(-1), float("-inf"))
+    u = torch.rand(q.shape, generator=generator, device=q.device, dtype=dtype)
+    keys = logq - torch.log(-torch.log(u.clamp(min=_tiny(dtype))))
+    return torch.cat([first.unsqueeze(-1), torch.topk(keys, k - 1, dim=-1).indices], -1)
+
+
 # ---------------------------------------------------------------------------------------------
 # The seed-exact (Gumbel) rule: token_t = argmax(log p_t + G_t), G_t a function of (seed, t).
 

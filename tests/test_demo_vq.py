@@ -153,6 +153,23 @@ def test_smoke_training_output_loads(smoke_demo_folder):
     assert torch.isfinite(logits).all()
 
 
+def test_smoke_training_with_the_layout_loss_writes_a_plain_model(tmp_path):
+    """`demo.train --layout-weight` trains its auxiliary head alongside the LM and saves only the
+    LM: the folder loads as a demo model and its log names the weight."""
+    import subprocess
+    import sys
+
+    from sjd_pac_core.demo.model import load_demo
+
+    subprocess.run([sys.executable, "-m", "sjd_pac_core.demo.train", "--smoke", "--layout-weight", "2", "--out",
+                    str(tmp_path), "--no-progress"], check=True, capture_output=True,
+                   cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    assert log["status"] == "complete" and log["lm"]["layout_weight"] == 2.0
+    demo = load_demo(str(tmp_path))
+    assert not any("layout" in name for name in demo.model.state_dict())
+
+
 def test_object_loss_weights_layout_and_weighted_loss():
     """Loss weights follow the image sequence (16 rows of 16 codes + <eol>, then <eoi>): tokens
     in a caption region get 1 + object_weight, <eol>/<eoi> and the rest 1, a dropped caption

@@ -105,12 +105,16 @@ def sample_without_replacement(
     """
     if k <= 0:
         return torch.empty(0, dtype=torch.long, device=q.device)
+    return torch.topk(_gumbel_keys(q, exclude.reshape(-1), generator), k).indices
+
+
+def _gumbel_keys(q: torch.Tensor, exclude: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """log q + Gumbel noise from `generator`, -inf at the `exclude` indices of each row (scatter
+    index, shaped like q[..., :m]): their top-k is a draw of k without replacement."""
     dtype = compute_dtype(q.device)
-    logq = torch.log(q).to(dtype)
-    logq[exclude] = float("-inf")
+    logq = torch.log(q).to(dtype).scatter(-1, exclude, float("-inf"))
     u = torch.rand(q.shape, generator=generator, device=q.device, dtype=dtype)
-    keys = logq - torch.log(-torch.log(u.clamp(min=_tiny(dtype))))
-    return torch.topk(keys, k).indices
+    return logq - torch.log(-torch.log(u.clamp(min=_tiny(dtype))))
 
 
 def sample_without_replacement_rows(
@@ -122,10 +126,7 @@ def sample_without_replacement_rows(
     `candidate_validity` marks as padding."""
     if k <= 1:
         return first.unsqueeze(-1)
-    dtype = compute_dtype(q.device)
-    logq = torch.log(q).to(dtype).scatter(-1, first.unsqueeze(-1), float("-inf"))
-    u = torch.rand(q.shape, generator=generator, device=q.device, dtype=dtype)
-    keys = logq - torch.log(-torch.log(u.clamp(min=_tiny(dtype))))
+    keys = _gumbel_keys(q, first.unsqueeze(-1), generator)
     return torch.cat([first.unsqueeze(-1), torch.topk(keys, k - 1, dim=-1).indices], -1)
 
 

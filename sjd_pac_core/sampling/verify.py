@@ -99,12 +99,15 @@ def sample(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.T
 def sample_without_replacement(
     q: torch.Tensor, k: int, exclude: torch.Tensor, generator: Optional[torch.Generator]
 ) -> torch.Tensor:
-    """k tokens drawn sequentially without replacement from q [V] with `exclude` removed.
+    """k tokens drawn sequentially without replacement from q [V] with the token ids `exclude`
+    (a long tensor of any shape, e.g. the draft already drawn) removed.
 
     Gumbel top-k on log q is exactly a sequential draw without replacement (Plackett-Luce).
     """
     if k <= 0:
         return torch.empty(0, dtype=torch.long, device=q.device)
+    if exclude.dtype == torch.bool:  # a scatter index silently reads a mask's 0/1 as the ids 0 and 1
+        raise TypeError("exclude holds token ids to remove, not a mask; pass mask.nonzero().flatten()")
     return torch.topk(_gumbel_keys(q, exclude.reshape(-1), generator), k).indices
 
 

@@ -205,3 +205,27 @@ def test_layout_labels_align_with_the_image_labels():
     assert ((targets[0] != -100) <= (labels[0] != -100)).all()  # only where the LM has a label
     plen = len(prompts[0])
     assert targets[0, plen + 3 * vocab.row_length + 5] == 1 and (targets[1] == -100).all()
+
+
+def test_sub_token_layout_is_the_outline_inside_each_token():
+    """`token_layout(cells=2)` marks 2 px sub-patches (the shape inside a token, no colour), and
+    `demo.train`'s layout sequences put each token's sub-patches on that token in raster order,
+    with row ends and <eoi> ignored; one cell per token is the plain layout."""
+    import torch
+
+    from sjd_pac_core.demo import train as T
+    from sjd_pac_core.demo.vocab import SLOT_WORDS, DemoVocab
+
+    s = D.make_sample(0, 3)
+    fine = D.token_layout(s, cells=2)
+    assert fine.shape == (32, 32)
+    cover = np.stack(s.masks).max(0).reshape(32, 2, 32, 2).mean(axis=(1, 3))
+    assert ((cover > 0.5) <= (fine > 0)).all() and not (fine > 0)[cover < 0.5].any()
+    vocab = DemoVocab(words=list(D.CAPTION_WORDS) + SLOT_WORDS, codebook_size=16, grid=16, prompt_format="slots")
+    seq = T.layout_sequences(vocab, fine[None], cells=2)
+    assert seq.shape == (1, vocab.num_image_tokens + 1, 4)
+    for r, c in [(0, 0), (7, 9), (15, 15)]:
+        assert seq[0, r * vocab.row_length + c].tolist() == fine[2 * r : 2 * r + 2, 2 * c : 2 * c + 2].reshape(-1).tolist()
+    assert (seq[0, vocab.row_length - 1 :: vocab.row_length] == -100).all() and (seq[0, -1] == -100).all()
+    coarse = D.token_layout(s)
+    assert torch.equal(T.layout_sequences(vocab, coarse[None], cells=1), T.layout_sequences(vocab, coarse[None]))

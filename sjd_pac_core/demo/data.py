@@ -342,24 +342,28 @@ def caption_regions(caption: str, grid: int = 16) -> np.ndarray:
     return region
 
 
-def token_layout(sample: Sample, grid: int = 16) -> np.ndarray:
-    """(grid, grid) int8: which object each image token shows (0: background, k: the caption's
-    k-th object), by majority coverage of the token's patch; a later object covers an earlier one
-    as in rendering. A training target for `demo.train --layout-weight`."""
-    cell = IMAGE_SIZE // grid
-    layout = np.zeros((grid, grid), np.int8)
+def token_layout(sample: Sample, grid: int = 16, cells: int = 1) -> np.ndarray:
+    """(grid * cells, grid * cells) int8: which object each image token shows (0: background, k:
+    the caption's k-th object), by majority coverage of the token's patch; a later object covers
+    an earlier one as in rendering. With ``cells`` > 1, of each of the cells x cells sub-patches of
+    a token instead: the object's outline inside the token, which is its shape at sub-token
+    resolution and carries no colour. A training target for `demo.train --layout-weight`."""
+    side = grid * cells
+    cell = IMAGE_SIZE // side
+    layout = np.zeros((side, side), np.int8)
     for k, mask in enumerate(sample.masks, start=1):
-        coverage = mask.reshape(grid, cell, grid, cell).mean(axis=(1, 3))
+        coverage = mask.reshape(side, cell, side, cell).mean(axis=(1, 3))
         layout[coverage > 0.5] = k
     return layout
 
 
 def generate(n: int, seed: int = 0, split: str = "train", start: int = 0, progress: bool = False,
-             layouts: bool = False):
+             layouts: bool = False, layout_cells: int = 1):
     """``n`` samples -> (uint8 images (n, 64, 64, 3), list of captions), and with ``layouts`` also
-    their `token_layout`s (n, 16, 16)."""
+    their `token_layout`s (n, 16 * layout_cells, 16 * layout_cells)."""
     images = np.empty((n, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
-    token_layouts = np.zeros((n, 16, 16), np.int8) if layouts else None
+    side = 16 * layout_cells
+    token_layouts = np.zeros((n, side, side), np.int8) if layouts else None
     captions = []
     it = range(n)
     if progress:
@@ -371,7 +375,7 @@ def generate(n: int, seed: int = 0, split: str = "train", start: int = 0, progre
         images[i] = s.image
         captions.append(s.caption)
         if layouts:
-            token_layouts[i] = token_layout(s)
+            token_layouts[i] = token_layout(s, cells=layout_cells)
     return (images, captions, token_layouts) if layouts else (images, captions)
 
 

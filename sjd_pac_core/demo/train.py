@@ -161,20 +161,25 @@ def make_batch(vocab, prompts, img, idx, drop_mask, img_weights=None):
     return ids, labels, weights
 
 
-def layout_sequences(vocab: DemoVocab, layouts: np.ndarray) -> torch.Tensor:
+def layout_sequences(vocab: DemoVocab, layouts: np.ndarray, cells: int = 1) -> torch.Tensor:
     """(N, 16, 16) `data.token_layout`s -> (N, 273) long in the image sequence's layout (row-end
-    tokens and <eoi> are -100: they show nothing)."""
+    tokens and <eoi> are -100: they show nothing). Layouts of ``cells`` x ``cells`` sub-patches per
+    token, (N, 16 * cells, 16 * cells) -> (N, 273, cells * cells): each token's sub-patches in
+    raster order."""
     lay = torch.as_tensor(layouts, dtype=torch.long)
-    n, rows, cols = lay.shape
-    lay = torch.cat([lay, torch.full((n, rows, vocab.row_length - cols), -100)], 2).reshape(n, -1)
-    return torch.cat([lay, torch.full((n, 1), -100)], 1)
+    n = lay.shape[0]
+    rows, cols = lay.shape[1] // cells, lay.shape[2] // cells
+    lay = lay.reshape(n, rows, cells, cols, cells).permute(0, 1, 3, 2, 4).reshape(n, rows, cols, cells * cells)
+    lay = torch.cat([lay, torch.full((n, rows, vocab.row_length - cols, cells * cells), -100)], 2)
+    lay = torch.cat([lay.reshape(n, rows * vocab.row_length, -1), torch.full((n, 1, cells * cells), -100)], 1)
+    return lay.squeeze(-1) if cells == 1 else lay
 
 
 def layout_labels(vocab: DemoVocab, prompts, layout_seq: torch.Tensor, idx, drop_mask, length: int) -> torch.Tensor:
     """The auxiliary head's targets for a batch of `make_batch`, aligned with its labels: which
     object each image token shows; -100 elsewhere and for dropped captions (without the caption
     the layout is not what the head should learn)."""
-    out = torch.full((len(idx), length), -100, dtype=torch.long)
+    out = torch.full((len(idx), length) + tuple(layout_seq.shape[2:]), -100, dtype=torch.long)
     for j, i in enumerate(idx):
         if not drop_mask[j]:
             plen = len(prompts[i])
@@ -265,6 +270,9 @@ def main(argv=None):
                     help="weight of an auxiliary loss: a linear head on the LM's last hidden state predicts which "
                          "object (none / first / second) each next image token shows (data.token_layout); dense "
                          "supervision of the caption's layout, used in training only (the head is not saved)")
+    ap.add_argument("--layout-cells", type=int, default=1,
+                    help="with --layout-weight: predict the object of each of cells x cells sub-patches of the "
+                         "next token (2: the outline at 2 px, which is the shape and carries no colour)")
     ap.add_argument("--ckpt-every", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps a shared machine usable)")
     ap.add_argument("--vq-from", default=None, help="reuse a trained VQ from this dir instead of training one")
@@ -277,6 +285,8 @@ def main(argv=None):
         ap.error("--prompt-slots applies to --prompt-format words; the slot format has its own fixed length")
     if args.vq_crop < 0:
         ap.error("--vq-crop must be 0 (whole images) or a crop size in px")
+    if args.layout_cells not in (1, 2, 4):
+        ap.error("--layout-cells must divide a token's 4 px: 1, 2 or 4")
 
     if args.smoke:
         args.images, args.vq_steps, args.vq_batch = 48, 4, 8
@@ -300,7 +310,8 @@ def main(argv=None):
     # ---- 1. data -----------------------------------------------------------------------
     layouts = None
     if args.layout_weight:
-        images, captions, layouts = D.generate(args.images, args.seed, "train", progress=progress, layouts=True)
+        images, captions, layouts = D.generate(args.images, args.seed, "train", progress=progress, layouts=True,
+                                               layout_cells=args.layout_cells)
     else:
         images, captions = D.generate(args.images, args.seed, "train", progress=progress)
     n_val = max(4, min(256, args.images // 50))
@@ -379,8 +390,9 @@ def main(argv=None):
     print(f"LM: {n_params / 1e6:.2f}M parameters, vocab {vocab.vocab_size}, max_pos {max_pos}", flush=True)
     layout_head = layout_seq = None
     if args.layout_weight:
-        layout_head = torch.nn.Linear(args.hidden, 1 + 2)  # none / first object / second object
-        layout_seq = layout_sequences(vocab, layouts)
+        # per sub-patch of the next token: none / first object / second object
+        layout_head = torch.nn.Linear(args.hidden, args.layout_cells ** 2 * (1 + 2))
+        layout_seq = layout_sequences(vocab, layouts, args.layout_cells)
     trained = list(model.named_parameters()) + (list(layout_head.named_parameters()) if layout_head else [])
     decay = [p for n, p in trained if p.dim() >= 2]
     no_decay = [p for n, p in trained if p.dim() < 2]
@@ -423,6 +435,7 @@ def main(argv=None):
                 "caption_dropout": args.caption_dropout,
                 "object_weight": args.object_weight,
                 "layout_weight": args.layout_weight,
+                "layout_cells": args.layout_cells,
                 "params": n_params,
                 "arch": args.arch,
                 "prompt_format": vocab.prompt_format,
@@ -475,7 +488,7 @@ def main(argv=None):
         if layout_head is not None:
             targets = layout_labels(vocab, prompts, layout_seq, idx, drop, ids.shape[1])
             aux = layout_head(out_lm.hidden_states[-1][:, :-1])
-            layout_loss = torch.nn.functional.cross_entropy(aux.reshape(-1, aux.shape[-1]), targets[:, 1:].reshape(-1),
+            layout_loss = torch.nn.functional.cross_entropy(aux.reshape(-1, 1 + 2), targets[:, 1:].reshape(-1),
                                                             ignore_index=-100)
             loss = loss + args.layout_weight * layout_loss
         opt.zero_grad(set_to_none=True)

@@ -28,6 +28,27 @@ def test_deterministic():
     assert ims.shape == (3, 64, 64, 3) and ims.dtype == np.uint8
 
 
+def test_texture_changes_only_the_background_clouds():
+    """The shipped model is trained on "strong" clouds: same captions, objects and masks as
+    "fine", a background whose luminance varies more and over longer distances."""
+    def background_spread(image: np.ndarray, masks) -> float:
+        outside = ~np.any([m > 0.01 for m in masks], axis=0)
+        return float(image.mean(-1)[outside].std())
+
+    spreads = {t: [] for t in D.TEXTURES}
+    for i in range(12):
+        by_texture = {t: D.make_sample(5, i, "heldout", t) for t in D.TEXTURES}
+        fine = by_texture["fine"]
+        assert np.array_equal(fine.image, D.make_sample(5, i, "heldout").image)  # fine is the default
+        for t, s in by_texture.items():
+            assert s.caption == fine.caption and s.objects == fine.objects
+            assert all(np.array_equal(a, b) for a, b in zip(s.masks, fine.masks))
+            spreads[t].append(background_spread(s.image, s.masks))
+    assert np.mean(spreads["fine"]) < np.mean(spreads["medium"]) < np.mean(spreads["strong"]), spreads
+    with pytest.raises(ValueError, match="texture 'rough' is not one of"):
+        D.make_sample(5, 0, texture="rough")
+
+
 def test_captions_parse_and_use_known_words():
     words = set(D.CAPTION_WORDS)
     n_two = 0

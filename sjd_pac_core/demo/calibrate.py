@@ -33,6 +33,7 @@ import torch
 from . import data as D
 from ..models.demo import DemoImageModel, folder_defaults
 from .model import WEIGHTS_DIR, load_demo, reference_ar_sample
+from .quality import trained_texture
 
 CAPTIONS = [
     "a red circle top left on a blue background",
@@ -250,9 +251,10 @@ def sjd_measure(demo, allowed, args, res):
 def pictures(demo, toks, args, res):
     if args.docs and toks is not None:
         os.makedirs(args.docs, exist_ok=True)
-        ims, _ = D.generate(16, seed=123, split="train")
+        texture = trained_texture(args.weights)
+        ims, _ = D.generate(16, seed=123, split="train", texture=texture)
         D.contact_sheet(ims, 8, 3).save(os.path.join(args.docs, "demo_data.png"))
-        ho, _ = D.generate(8, seed=0, split="heldout")
+        ho, _ = D.generate(8, seed=0, split="heldout", texture=texture)
         rec = demo.vq.decode_to_uint8(demo.vq.encode(np.concatenate([ims[:8], ho])))
         D.contact_sheet(np.concatenate([ims[:8], rec[:8], ho, rec[8:]]), 8, 3).save(
             os.path.join(args.docs, "demo_vq_recon.png")

@@ -91,6 +91,25 @@ MIN_CONTRAST = 120.0  # minimum RGB distance between an object's colour and the 
 
 SPLITS = {"train": 0, "heldout": 1}
 
+
+@dataclass(frozen=True)
+class CloudTexture:
+    """The background's cloud noise: its luminance amplitude (0..255 units) and the number of
+    noise cells across the frame (fewer cells: longer correlation), each drawn uniformly per image."""
+
+    amplitude: tuple[float, float]
+    cells: tuple[int, int]
+
+
+# "fine" is data v2's (correlation of one to two tokens); "medium" and "strong" are stronger and
+# coarser (two to four tokens), which makes a token depend more on its neighbours, as in natural
+# images (issue 17: the shipped model is trained on "strong").
+TEXTURES = {
+    "fine": CloudTexture(amplitude=(8, 20), cells=(8, 15)),
+    "medium": CloudTexture(amplitude=(14, 28), cells=(5, 10)),
+    "strong": CloudTexture(amplitude=(20, 36), cells=(4, 8)),
+}
+
 # Every word a caption can contain, in a fixed order (the vocabulary is built from this).
 CAPTION_WORDS: list[str] = (
     ["a", "an", "and", "on", "background", "in", "the", "top", "bottom", "left", "right", "center"]
@@ -216,7 +235,7 @@ def _stripes(rng: np.random.Generator, period_lo: float, period_hi: float) -> np
     ).astype(np.float32)
 
 
-def _background(rng: np.random.Generator, color: str) -> np.ndarray:
+def _background(rng: np.random.Generator, color: str, texture: CloudTexture) -> np.ndarray:
     base = np.array(COLORS[color], dtype=np.float32)
     img = np.broadcast_to(base, (IMAGE_SIZE, IMAGE_SIZE, 3)).copy()
     # luminance modulation field (additive, in 0..255 units), so black/white get texture too
@@ -225,8 +244,10 @@ def _background(rng: np.random.Generator, color: str) -> np.ndarray:
     theta = rng.uniform(0, 2 * np.pi)
     grad = ((_X - 32) * np.cos(theta) + (_Y - 32) * np.sin(theta)) / 32.0
     lum += rng.uniform(6, 22) * grad
-    # 2. clouds: correlation length of one to two tokens (4-8 px)
-    lum += rng.uniform(8, 20) * _cloud_noise(rng, int(rng.integers(8, 15)))
+    # 2. clouds: correlation length of one to two tokens (4-8 px) for "fine", more for the others
+    lo, hi = texture.amplitude
+    cells_lo, cells_hi = texture.cells
+    lum += rng.uniform(lo, hi) * _cloud_noise(rng, int(rng.integers(cells_lo, cells_hi)))
     # 3. wavy stripes on about half the images
     if rng.random() < 0.5:
         lum += rng.uniform(8, 18) * _stripes(rng, 9, 22)
@@ -307,19 +328,30 @@ def _sample_spec(rng: np.random.Generator, split: str):
         return bg, objs
 
 
-def make_sample(seed: int, index: int, split: str = "train") -> Sample:
-    """The ``index``-th image of ``split`` for ``seed``; a pure function of its arguments."""
+def make_sample(seed: int, index: int, split: str = "train", texture: str = "fine") -> Sample:
+    """The ``index``-th image of ``split`` for ``seed``; a pure function of its arguments.
+    ``texture`` names the background clouds (`TEXTURES`); the caption and objects do not depend
+    on it."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {list(SPLITS)}")
     rng = np.random.default_rng([int(seed), SPLITS[split], int(index)])
     bg, objs = _sample_spec(rng, split)
-    img = _background(rng, bg)
+    img, masks = render_scene(rng, bg, objs, texture)
+    return Sample(img, make_caption(objs, bg), bg, objs, masks)
+
+
+def render_scene(rng: np.random.Generator, background: str, objects: list[ObjectSpec],
+                 texture: str = "fine") -> tuple[np.ndarray, list[np.ndarray]]:
+    """The uint8 image (64, 64, 3) of ``objects`` on a textured ``background``, drawn with
+    ``rng``, and each object's coverage mask (later objects drawn over earlier ones)."""
+    if texture not in TEXTURES:
+        raise ValueError(f"texture {texture!r} is not one of {list(TEXTURES)}; pick one of them")
+    img = _background(rng, background, TEXTURES[texture])
     masks = []
-    for o in objs:
+    for o in objects:
         img, m = _render_object(rng, img, o)
         masks.append(m)
-    img = np.clip(np.rint(img), 0, 255).astype(np.uint8)
-    return Sample(img, make_caption(objs, bg), bg, objs, masks)
+    return np.clip(np.rint(img), 0, 255).astype(np.uint8), masks
 
 
 def caption_regions(caption: str, grid: int = 16) -> np.ndarray:
@@ -358,7 +390,7 @@ def token_layout(sample: Sample, grid: int = 16, cells: int = 1) -> np.ndarray:
 
 
 def generate(n: int, seed: int = 0, split: str = "train", start: int = 0, progress: bool = False,
-             layouts: bool = False, layout_cells: int = 1):
+             layouts: bool = False, layout_cells: int = 1, texture: str = "fine"):
     """``n`` samples -> (uint8 images (n, 64, 64, 3), list of captions), and with ``layouts`` also
     their `token_layout`s (n, 16 * layout_cells, 16 * layout_cells)."""
     images = np.empty((n, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
@@ -371,7 +403,7 @@ def generate(n: int, seed: int = 0, split: str = "train", start: int = 0, progre
 
         it = tqdm(it, desc=f"data/{split}", unit="img", leave=False)
     for i in it:
-        s = make_sample(seed, start + i, split)
+        s = make_sample(seed, start + i, split, texture)
         images[i] = s.image
         captions.append(s.caption)
         if layouts:

@@ -343,14 +343,10 @@ def _far_position(name: str) -> str:
     return max(POSITIONS, key=lambda other: np.hypot(POSITIONS[other][0] - px, POSITIONS[other][1] - py))
 
 
-def _render(seed: int, index: int, background: str, objects: list) -> np.ndarray:
-    from .data import _background, _render_object  # the generator's own rendering
+def _render(seed: int, index: int, background: str, objects: list, texture: str = "fine") -> np.ndarray:
+    from .data import render_scene  # the generator's own rendering
 
-    rng = np.random.default_rng([int(seed), 7, int(index)])
-    img = _background(rng, background)
-    for o in objects:
-        img, _ = _render_object(rng, img, o)
-    return np.clip(np.rint(img), 0, 255).astype(np.uint8)
+    return render_scene(np.random.default_rng([int(seed), 7, int(index)]), background, objects, texture)[0]
 
 
 def _spec_at(spec, **changes):
@@ -369,7 +365,7 @@ def _spec_at(spec, **changes):
     return new
 
 
-def wrong_image(kind: str, seed: int, index: int) -> Tuple[str, np.ndarray]:
+def wrong_image(kind: str, seed: int, index: int, texture: str = "fine") -> Tuple[str, np.ndarray]:
     """(the original caption, an image that breaks it in one way) for one-object samples.
 
     swapped_colours: object and background colours exchanged; moved: the object drawn at the
@@ -379,25 +375,25 @@ def wrong_image(kind: str, seed: int, index: int) -> Tuple[str, np.ndarray]:
 
     i = index
     while True:
-        s = make_sample(seed, i, "train")
+        s = make_sample(seed, i, "train", texture)
         if len(s.objects) == 1:
             break
         i += 1_000_003
     spec = s.objects[0]
     if kind == "swapped_colours":
-        return s.caption, _render(seed, i, spec.color, [replace(spec, color=s.background)])
+        return s.caption, _render(seed, i, spec.color, [replace(spec, color=s.background)], texture)
     if kind == "moved":
-        return s.caption, _render(seed, i, s.background, [_spec_at(spec, position=_far_position(spec.position))])
+        return s.caption, _render(seed, i, s.background, [_spec_at(spec, position=_far_position(spec.position))], texture)
     if kind == "other_shape":
         others = [sh for sh in SHAPES if sh != spec.shape]
-        return s.caption, _render(seed, i, s.background, [replace(spec, shape=others[i % len(others)])])
+        return s.caption, _render(seed, i, s.background, [replace(spec, shape=others[i % len(others)])], texture)
     if kind == "other_size":
-        return s.caption, _render(seed, i, s.background, [_spec_at(spec, size=_OTHER_SIZE[spec.size])])
+        return s.caption, _render(seed, i, s.background, [_spec_at(spec, size=_OTHER_SIZE[spec.size])], texture)
     if kind == "frame_filling_blob":
         rng = np.random.default_rng([seed, 8, i])
         r = float(rng.uniform(26, 34))
         blob = replace(spec, shape="circle", center=(32 + rng.uniform(-4, 4), 32 + rng.uniform(-4, 4)), radius=r)
-        return s.caption, _render(seed, i, s.background, [blob])
+        return s.caption, _render(seed, i, s.background, [blob], texture)
     raise ValueError(f"kind must be one of {WRONG_KINDS}")
 
 
@@ -414,28 +410,29 @@ class Calibration:
         return out
 
 
-def calibrate(n: int = 200, seed: int = 0) -> Calibration:
-    """The check on ``n`` ground-truth images per split and ``n`` wrong images per kind."""
+def calibrate(n: int = 200, seed: int = 0, texture: str = "fine") -> Calibration:
+    """The check on ``n`` ground-truth images per split and ``n`` wrong images per kind, their
+    backgrounds of ``texture`` (`data.TEXTURES`)."""
     from .data import make_sample
 
     truth = {}
     for split in ("train", "heldout"):
         truth[split] = pass_rates([check_image(s.caption, s.image)
-                                   for s in (make_sample(seed, i, split) for i in range(n))])
+                                   for s in (make_sample(seed, i, split, texture) for i in range(n))])
     wrong = {}
     for kind in WRONG_KINDS:
-        checks = [check_image(*wrong_image(kind, seed, i)) for i in range(n)]
+        checks = [check_image(*wrong_image(kind, seed, i, texture)) for i in range(n)]
         caught = sum(not getattr(c, WRONG_KIND_CRITERION[kind]) for c in checks) / n
         wrong[kind] = (pass_rates(checks), caught)
     return Calibration(truth, wrong)
 
 
-def vq_ceiling(vq, n: int = 120, seed: int = 0, split: str = "heldout") -> PassRates:
+def vq_ceiling(vq, n: int = 120, seed: int = 0, split: str = "heldout", texture: str = "fine") -> PassRates:
     """The check on ``n`` ground-truth images of ``split`` after a round trip through the VQ
     tokenizer ``vq`` (encode, decode): the most any LM over its tokens can reach."""
     from .data import make_sample
 
-    samples = [make_sample(seed, i, split) for i in range(n)]
+    samples = [make_sample(seed, i, split, texture) for i in range(n)]
     rec = vq.decode_to_uint8(vq.encode(np.stack([s.image for s in samples])))
     return pass_rates([check_image(s.caption, r) for s, r in zip(samples, rec)])
 
@@ -494,6 +491,17 @@ def grid_path(grid: str, cfg: float, temperature: float, several: bool) -> Path:
     return path.with_name(f"{path.stem}_cfg{cfg:g}_t{temperature:g}{path.suffix or '.png'}")
 
 
+def trained_texture(folder: Union[str, Path]) -> str:
+    """The background texture a demo.train folder was trained on (its training_log.json;
+    "fine" for logs older than the option)."""
+    log = Path(folder) / "training_log.json"
+    if not log.is_file():
+        return "fine"
+    import json
+
+    return json.loads(log.read_text()).get("texture", "fine")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """``python -m sjd_pac_core.demo.quality [--calibrate] [--cfg 1 2 3] [--seeds 0 1 2 3]``."""
     import argparse
@@ -506,6 +514,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--n", type=int, default=200, help="images per set for --calibrate / --ceiling")
     ap.add_argument("--ceiling", action="store_true",
                     help="ground-truth held-out images through the model's VQ tokenizer (no LM), checked")
+    ap.add_argument("--texture", default=None, choices=["fine", "medium", "strong"],
+                    help="background texture of the ground truth for --calibrate / --ceiling (data.TEXTURES; "
+                         "default: the one the model was trained on for --ceiling, fine for --calibrate)")
     ap.add_argument("--cfg", type=float, nargs="+", default=None, help="CFG scales (default: the model's)")
     ap.add_argument("--temperature", type=float, nargs="+", default=None)
     ap.add_argument("--top-k", type=int, default=None)
@@ -518,7 +529,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.calibrate:
-        for line in calibrate(a.n).lines():
+        for line in calibrate(a.n, texture=a.texture or "fine").lines():
             print(line, flush=True)
         return
     if a.ceiling:
@@ -526,7 +537,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         from .vq import VQModel
 
         folder = WEIGHTS_DIR if a.model == "demo" else a.model
-        print(f"ceiling ({folder}): {vq_ceiling(VQModel.from_pretrained(folder), a.n).line()}", flush=True)
+        texture = a.texture or trained_texture(folder)
+        rates = vq_ceiling(VQModel.from_pretrained(folder), a.n, texture=texture)
+        print(f"ceiling ({folder}, {texture} texture): {rates.line()}", flush=True)
         return
     from ..models.loader import load_model
 

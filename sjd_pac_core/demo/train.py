@@ -232,6 +232,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="output directory (default: a temp dir for --smoke, else ./runs/demo)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--images", type=int, default=12000, help="training images (generated, then VQ-encoded)")
+    ap.add_argument("--texture", choices=list(D.TEXTURES), default="fine",
+                    help="the backgrounds' cloud noise (data.TEXTURES); the shipped model: strong")
     ap.add_argument("--vq-steps", type=int, default=1500)
     ap.add_argument("--vq-crop", type=int, default=32,
                     help="train the VQ on random crops of this many px (0: whole 64 px images)")
@@ -241,6 +243,9 @@ def main(argv=None):
                     help="weight of the VQ's L1 loss on pixel differences (sharper shape edges)")
     ap.add_argument("--codebook", type=int, default=512)
     ap.add_argument("--lm-steps", type=int, default=2700)
+    ap.add_argument("--lm-stop-at", type=int, default=None,
+                    help="stop after this many LM steps of the --lm-steps schedule (the learning rate has not "
+                         "decayed to its end); the shipped weights are step 2400 of 2700")
     ap.add_argument("--lm-batch", type=int, default=16)
     ap.add_argument("--lm-lr", type=float, default=2e-3)
     ap.add_argument("--hidden", type=int, default=128)
@@ -287,10 +292,13 @@ def main(argv=None):
         ap.error("--vq-crop must be 0 (whole images) or a crop size in px")
     if args.layout_cells not in (1, 2, 4):
         ap.error("--layout-cells must divide a token's 4 px: 1, 2 or 4")
+    if args.lm_stop_at is not None and not 1 <= args.lm_stop_at <= args.lm_steps:
+        ap.error("--lm-stop-at must be a step of the schedule: between 1 and --lm-steps")
 
     if args.smoke:
         args.images, args.vq_steps, args.vq_batch = 48, 4, 8
         args.lm_steps, args.lm_batch, args.ckpt_every = 4, 4, 2
+        args.lm_stop_at = None if args.lm_stop_at is None else min(args.lm_stop_at, args.lm_steps)
         args.hidden, args.layers, args.heads, args.intermediate = 32, 2, 2, 64
     if args.out is None:
         args.out = tempfile.mkdtemp(prefix="sjd_demo_smoke_") if args.smoke else os.path.join("runs", "demo")
@@ -311,12 +319,12 @@ def main(argv=None):
     layouts = None
     if args.layout_weight:
         images, captions, layouts = D.generate(args.images, args.seed, "train", progress=progress, layouts=True,
-                                               layout_cells=args.layout_cells)
+                                               layout_cells=args.layout_cells, texture=args.texture)
     else:
-        images, captions = D.generate(args.images, args.seed, "train", progress=progress)
+        images, captions = D.generate(args.images, args.seed, "train", progress=progress, texture=args.texture)
     n_val = max(4, min(256, args.images // 50))
-    val_images, val_captions = D.generate(n_val, args.seed, "train", start=args.images)
-    ho_images, ho_captions = D.generate(n_val, args.seed, "heldout")
+    val_images, val_captions = D.generate(n_val, args.seed, "train", start=args.images, texture=args.texture)
+    ho_images, ho_captions = D.generate(n_val, args.seed, "heldout", texture=args.texture)
     t_data = time.process_time() - t_cpu0
 
     # ---- 2. VQ -------------------------------------------------------------------------
@@ -415,6 +423,7 @@ def main(argv=None):
             "command": "python -m sjd_pac_core.demo.train " + " ".join(sys.argv[1:] if argv is None else argv),
             "seed": args.seed,
             "images": args.images,
+            "texture": args.texture,
             "vq": {
                 "steps": args.vq_steps,
                 "batch_size": args.vq_batch,
@@ -468,7 +477,8 @@ def main(argv=None):
         write_generation_defaults(out, args.default_cfg, args.default_temperature)
         write_training_log(status, step, extra)
 
-    it = range(args.lm_steps)
+    stop = args.lm_steps if args.lm_stop_at is None else args.lm_stop_at
+    it = range(stop)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -499,10 +509,10 @@ def main(argv=None):
         ema = lv if ema is None else 0.98 * ema + 0.02 * lv
         if bar is not None:
             bar.set_postfix(loss=f"{ema:.3f}")
-        if s % 25 == 0 or s == args.lm_steps - 1:
+        if s % 25 == 0 or s == stop - 1:
             log({"stage": "lm", "step": s, "loss": round(lv, 5), "loss_ema": round(ema, 5), "lr": lr_at(s),
                  "cpu_s": round(time.process_time() - t_cpu0, 1)})
-        if args.ckpt_every and (s + 1) % args.ckpt_every == 0 and s + 1 < args.lm_steps:
+        if args.ckpt_every and (s + 1) % args.ckpt_every == 0 and s + 1 < stop:
             checkpoint("partial", s + 1, {"train_loss_ema": ema})
 
     t_lm = time.process_time() - t_cpu0 - t_data - t_vq - t_enc
@@ -512,8 +522,8 @@ def main(argv=None):
     print(f"LM: train loss(ema) {ema:.4f}  val {val:.4f}  val-uncond {val_u:.4f}  heldout {ho:.4f}", flush=True)
     log({"stage": "lm_eval", "val_loss": val, "val_loss_uncond": val_u, "heldout_loss": ho})
     checkpoint(
-        "complete",
-        args.lm_steps,
+        "complete" if stop == args.lm_steps else "stopped",
+        stop,
         {"train_loss_ema": ema, "val_loss": val, "val_loss_uncond": val_u, "heldout_loss": ho,
          "cpu_time_s": round(t_lm, 1)},
     )

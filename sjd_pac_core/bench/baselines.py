@@ -121,8 +121,11 @@ class GenerateBaseline:
     def _generation_config(self, num_tokens: int):
         from transformers import CompileConfig, GenerationConfig
 
+        # guidance_scale=1.0 (not None): generate fills unset fields from the model folder's
+        # generation_config.json, and a guidance_scale there (the demo's weights carry 2.0) would
+        # add transformers' own CFG on top of the processor's.
         config = GenerationConfig(max_new_tokens=num_tokens, do_sample=False, eos_token_id=None,
-                                  pad_token_id=self.lm.config.pad_token_id or 0,
+                                  pad_token_id=self.lm.config.pad_token_id or 0, guidance_scale=1.0,
                                   cache_implementation="static" if self.static else None)
         if self.compiled:
             on_gpu = self.model.device.type == "cuda"

@@ -117,9 +117,9 @@ CONFIG_KNOBS = frozenset(KNOBS) - {"batch_size", "compile"}  # what make_config 
 MODEL_INPUT = (AR_IMAGE_MODEL, {"tooltip": "The model from Load AR Image Model."})
 PROMPT_INPUT = ("STRING", {
     "multiline": True, "default": EXAMPLE_PROMPT,
-    "tooltip": "What to draw. The demo model knows 32 words: colours, shapes (circle, square, triangle, "
-               "star, diamond, ring), small/large, positions (top, bottom, left, right, center) and "
-               "'on a ... background'.",
+    "tooltip": "What to draw. The demo model knows 33 words: colours, shapes (circle, square, triangle, "
+               "star, diamond, ring), small/medium/large, positions (top, bottom, left, right, center) and "
+               "'on a ... background'; one or two objects.",
 })
 SEED_INPUT = ("INT", {
     "default": 0, "min": 0, "max": SEED_MAX, "control_after_generate": True,

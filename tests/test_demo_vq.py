@@ -170,6 +170,26 @@ def test_smoke_training_with_the_layout_loss_writes_a_plain_model(tmp_path):
     assert not any("layout" in name for name in demo.model.state_dict())
 
 
+def test_smoke_training_with_the_shipped_recipe(tmp_path):
+    """The shipped weights' flags (weights/training_log.json): a Llama with row tokens, the
+    sub-token layout loss, strong background clouds, stopped before the end of its schedule. The
+    log records the texture and the stop, and the folder loads."""
+    from sjd_pac_core.demo import train
+    from sjd_pac_core.demo.model import load_demo
+
+    with open(os.path.join(WEIGHTS_DIR, "training_log.json")) as f:
+        shipped = json.load(f)
+    assert "--texture strong" in shipped["command"] and shipped["texture"] == "strong"
+    train.main(["--smoke", "--arch", "llama", "--row-tokens", "--layout-weight", "4", "--layout-cells", "2",
+                "--texture", "strong", "--lm-stop-at", "3", "--out", str(tmp_path), "--no-progress"])
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    assert log["texture"] == "strong" and log["status"] == "stopped"
+    assert log["lm"]["steps_done"] == 3 and log["lm"]["steps"] == 4 and log["lm"]["row_tokens"]
+    load_demo(str(tmp_path))
+    with pytest.raises(SystemExit):
+        train.main(["--smoke", "--lm-stop-at", "0", "--out", str(tmp_path / "x"), "--no-progress"])
+
+
 def test_object_loss_weights_layout_and_weighted_loss():
     """Loss weights follow the image sequence (16 rows of 16 codes + <eol>, then <eoi>): tokens
     in a caption region get 1 + object_weight, <eol>/<eoi> and the rest 1, a dropped caption
@@ -297,7 +317,7 @@ def test_missing_place_or_background_is_filled_with_a_warning():
 
 
 @pytest.mark.parametrize("text, words", [
-    ("a red cat on the blue field", ["cat", "field", "a large red square in the center on a white background"]),
+    ("a red cat on the blue field", ["cat", "field", "a green triangle bottom right on a white background"]),
     ("a red blue circle top on a black background", ["one colour and one shape"]),
     ("a circle top on a black background", ["one colour and one shape"]),
     ("a red circle top and a blue star bottom and a green ring left on a white background", ["at most 2 objects"]),

@@ -71,7 +71,7 @@ _VERTICAL = {"top": "top", "upper": "top", "bottom": "bottom", "lower": "bottom"
 _HORIZONTAL = {"left": "left", "right": "right"}
 _MIDDLE = {"center", "centre", "middle"}
 _SIZES = ("small", "medium", "large")
-_EXAMPLE = "a large red square in the center on a white background"
+_EXAMPLE = "a green triangle bottom right on a white background"
 
 
 @dataclass(frozen=True)

@@ -224,7 +224,7 @@ def words_md(model: Optional[sp.ARImageModel]) -> str:
     words = prompt_words(model)
     if not words:
         return ""
-    return "Words this model knows (others are ignored): " + ", ".join(words)
+    return "Words this model knows (another word is an error that names it): " + ", ".join(words)
 
 
 # --- rendering -----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from ..settings import config_from_settings
+from .lossless import DEFAULT_CONTROL_TEMPERATURE
 from .runner import (
     DEFAULT_METHODS,
     PRESETS,
@@ -94,8 +95,9 @@ def _lossless_args(p: argparse.ArgumentParser, in_bench: bool) -> None:
     g.add_argument("--ar-source", choices=["auto", "reference", "loop"], default="auto",
                    help="AR samples from the demo's batched reference sampler (auto: when it applies) "
                         "or the library's own AR loop")
-    g.add_argument("--control-temperature", type=float, default=0.9,
-                   help="negative control: AR at this fraction of the temperature must FAIL (0 = none)")
+    g.add_argument("--control-temperature", type=float, default=DEFAULT_CONTROL_TEMPERATURE,
+                   help="negative control: AR at this fraction of the temperature must FAIL "
+                        f"(default {DEFAULT_CONTROL_TEMPERATURE}; 0 = none)")
     g.add_argument("--gumbel-pairs", type=int, default=3, help="(prompt, seed) pairs for the token-identical check")
     g.add_argument("--permutations", type=int, default=1999,
                    help="relabellings per permutation test (>= 1999 so that p can fall below 0.001)")

@@ -170,21 +170,17 @@ def test_smoke_training_with_the_layout_loss_writes_a_plain_model(tmp_path):
     assert not any("layout" in name for name in demo.model.state_dict())
 
 
-def test_smoke_training_with_the_shipped_recipe(tmp_path):
-    """The shipped weights' flags (weights/training_log.json): a Llama with row tokens, the
-    sub-token layout loss, strong background clouds, stopped before the end of its schedule. The
-    log records the texture and the stop, and the folder loads."""
+def test_lm_stop_at_stops_inside_the_schedule(tmp_path):
+    """`--lm-stop-at` (how the shipped checkpoint, step 2,400 of 2,700, is rebuilt): the LM stops
+    at that step of the schedule, the log says "stopped" and records the texture, and the folder
+    loads; a step outside the schedule is refused."""
     from sjd_pac_core.demo import train
     from sjd_pac_core.demo.model import load_demo
 
-    with open(os.path.join(WEIGHTS_DIR, "training_log.json")) as f:
-        shipped = json.load(f)
-    assert "--texture strong" in shipped["command"] and shipped["texture"] == "strong"
-    train.main(["--smoke", "--arch", "llama", "--row-tokens", "--layout-weight", "4", "--layout-cells", "2",
-                "--texture", "strong", "--lm-stop-at", "3", "--out", str(tmp_path), "--no-progress"])
+    train.main(["--smoke", "--lm-stop-at", "3", "--out", str(tmp_path), "--no-progress"])
     log = json.loads((tmp_path / "training_log.json").read_text())
     assert log["texture"] == "strong" and log["status"] == "stopped"
-    assert log["lm"]["steps_done"] == 3 and log["lm"]["steps"] == 4 and log["lm"]["row_tokens"]
+    assert log["lm"]["steps_done"] == 3 and log["lm"]["steps"] == 4
     load_demo(str(tmp_path))
     with pytest.raises(SystemExit):
         train.main(["--smoke", "--lm-stop-at", "0", "--out", str(tmp_path / "x"), "--no-progress"])
@@ -223,23 +219,28 @@ def test_object_loss_weights_layout_and_weighted_loss():
     assert (weighted_lm_loss(logits, labels, heavy) - plain) * (ce - plain) > 0
 
 
-def test_gpt2_option_trains_loads_and_is_seed_exact(tmp_path):
-    """`demo.train --arch gpt2 --prompt-slots 20` (learned absolute positions; measured, not
-    shipped): its smoke run loads through load_model, every prompt has the same length, and
-    the engine drives it exactly (gumbel: SJD-PAC gives AR's tokens, CFG on)."""
+@pytest.mark.parametrize("prompt_args, prompt_length", [([], 13), (["--prompt-slots", "20"], 22)],
+                         ids=["slot-prompt", "word-slots"])
+def test_gpt2_option_trains_loads_and_is_seed_exact(tmp_path, prompt_args, prompt_length):
+    """`demo.train --arch gpt2` (learned absolute positions initialised to a 2D grid; measured,
+    not shipped), over the structured prompt or 20 word slots: its smoke run loads through
+    load_model, every prompt has the same length, and the engine drives it exactly (gumbel:
+    SJD-PAC gives AR's tokens, CFG on)."""
     import torch
 
     import sjd_pac_core as sp
     from sjd_pac_core.demo import train
 
-    train.main(["--smoke", "--arch", "gpt2", "--prompt-slots", "20", "--out", str(tmp_path), "--no-progress"])
+    train.main(["--smoke", "--arch", "gpt2", *prompt_args, "--out", str(tmp_path), "--no-progress"])
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    assert log["lm"]["arch"] == "gpt2" and log["lm"]["grid_position_init"]
     model = sp.load_model(str(tmp_path))
     assert type(model.token_model.model).__name__ == "GPT2LMHeadModel"
     # GPT-2 keeps its blocks in `h`, not `layers`: the shared KV storage must still apply.
     assert model.token_model.cache_layers == model.token_model.model.config.n_layer
     short = model.encode_prompt("a red circle top left on a blue background")
     long = model.encode_prompt("a large red circle top left and a small blue star bottom right on a white background")
-    assert short.prompt_ids.shape == long.prompt_ids.shape == short.uncond_ids.shape == (22,)
+    assert short.prompt_ids.shape == long.prompt_ids.shape == short.uncond_ids.shape == (prompt_length,)
     base = model.defaults.sampler_config(verify="gumbel", cfg_scale=2.0)
     ar = sp.generate_image(model, "a red circle top left on a blue background", config=base.with_(method="ar"), seed=3)
     pac = sp.generate_image(model, "a red circle top left on a blue background", config=base.with_(method="sjd_pac"), seed=3)
@@ -247,14 +248,12 @@ def test_gpt2_option_trains_loads_and_is_seed_exact(tmp_path):
     assert pac.stats.forward_passes < ar.stats.forward_passes
 
 
-def test_row_tokens_option_trains_loads_and_is_seed_exact(tmp_path):
-    """`demo.train --row-tokens`: the engine forces each row's own end token (AR, SJD, SJD-PAC
-    under gumbel give identical tokens, CFG on) and the decoded image is the layout's grid."""
+def test_row_tokens_are_forced_and_seed_exact(smoke_demo_folder):
+    """Row tokens (`demo.train`'s default): the engine forces each row's own end token (AR, SJD,
+    SJD-PAC under gumbel give identical tokens, CFG on) and the decoded image is the layout's grid."""
     import sjd_pac_core as sp
-    from sjd_pac_core.demo import train
 
-    train.main(["--smoke", "--row-tokens", "--out", str(tmp_path), "--no-progress"])
-    model = sp.load_model(str(tmp_path))
+    model = sp.load_model(str(smoke_demo_folder))
     row_ends = model.vocab.row_end_ids()
     assert model.layout.row_end == tuple(row_ends.tolist())
     base = model.defaults.sampler_config(verify="gumbel", cfg_scale=2.0)
@@ -386,17 +385,26 @@ def test_a_corrupt_generation_config_is_named_not_ignored(tmp_path, text):
         folder_defaults(tmp_path, DemoImageModel.defaults)
 
 
-def test_default_training_is_a_gpt2_with_slots_and_seed_exact(smoke_demo_folder):
-    """The training script's default (its smoke run): a GPT-2 over the structured prompt, grid
-    position init, sampling defaults in generation_config.json; the engine drives it exactly
-    (gumbel: AR, SJD and SJD-PAC give identical tokens, CFG on); a prompt outside the grammar is a
-    ConfigError that names the fix."""
+# What makes the shipped recipe (sizes and step counts differ in a smoke run).
+RECIPE_KEYS = ("arch", "prompt_format", "prompt_slots", "row_tokens", "layout_weight", "layout_cells", "object_weight",
+               "caption_dropout", "grid_position_init")
+
+
+def test_default_training_is_the_shipped_recipe_and_seed_exact(smoke_demo_folder):
+    """The training script's defaults (its smoke run) are the shipped weights' recipe: a Llama
+    over the structured prompt with row tokens, the sub-token layout loss and strong clouds, with
+    sampling defaults in generation_config.json; the engine drives it exactly (gumbel: AR, SJD and
+    SJD-PAC give identical tokens, CFG on); a prompt outside the grammar is a ConfigError that
+    names the fix."""
     import sjd_pac_core as sp
 
     log = json.loads((smoke_demo_folder / "training_log.json").read_text())
-    assert log["lm"]["arch"] == "gpt2" and log["lm"]["prompt_format"] == "slots" and log["lm"]["grid_position_init"]
+    with open(os.path.join(WEIGHTS_DIR, "training_log.json")) as f:
+        shipped = json.load(f)
+    assert {k: log["lm"][k] for k in RECIPE_KEYS} == {k: shipped["lm"][k] for k in RECIPE_KEYS}
+    assert log["texture"] == shipped["texture"] == "strong"
     model = sp.load_model(str(smoke_demo_folder))
-    assert type(model.token_model.model).__name__ == "GPT2LMHeadModel"
+    assert type(model.token_model.model).__name__ == "LlamaForCausalLM"
     gen = json.loads((smoke_demo_folder / "generation_config.json").read_text())
     assert (model.defaults.cfg_scale, model.defaults.temperature) == (gen["guidance_scale"], gen["temperature"])
     enc = model.encode_prompt("a small red circle top left and a blue star right on a white background")

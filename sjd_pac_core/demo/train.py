@@ -1,11 +1,13 @@
 """Rebuild the bundled demo model from scratch: data -> VQ tokenizer -> text-to-image LM.
 
-    python -m sjd_pac_core.demo.train --out /tmp/demo_run            # the full recipe
-    python -m sjd_pac_core.demo.train --smoke                          # a few steps of each stage
+    python -m sjd_pac_core.demo.train --out /tmp/demo_run --lm-stop-at 2400   # the shipped weights
+    python -m sjd_pac_core.demo.train --smoke                                    # a few steps of each stage
 
-The full recipe is sized for about one hour of CPU time on one thread. Every ``--ckpt-every``
-LM steps the output directory holds a usable (partially trained) model. The shipped weights in
-``sjd_pac_core/demo/weights/`` are the output of the full recipe with the default arguments.
+The defaults are the shipped recipe (a Llama with row tokens, the sub-token layout loss, strong
+background clouds), sized for about one hour of CPU time on one thread. The shipped weights in
+``sjd_pac_core/demo/weights/`` are its checkpoint at LM step 2,400 of 2,700, bit for bit
+(``--lm-stop-at 2400``; README, "The bundled demo model"). Every ``--ckpt-every`` LM steps the
+output directory holds a usable (partially trained) model.
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ PROMPT_SLOTS = 20  # --prompt-slots for --arch gpt2: the longest training captio
 
 def lm_config(vocab: DemoVocab, hidden: int, layers: int, heads: int, intermediate: int, max_pos: int,
               arch: str = "gpt2"):
-    """The LM's transformers config. ``gpt2`` (the default) has learned absolute position
-    embeddings: with fixed-length prompts (the slot format, or ``--prompt-slots 20``) every image
-    token has its own, so row and column are explicit inputs (initialised to a 2D sinusoidal grid,
-    `init_grid_positions`). ``llama`` (1D RoPE, the earlier shipped model) must infer row and
-    column from distances, and placed objects at about chance (README, "The bundled demo model")."""
+    """The LM's transformers config. ``gpt2`` has learned absolute position embeddings: with
+    fixed-length prompts (the slot format, or ``--prompt-slots 20``) every image token has its own,
+    so row and column are explicit inputs (initialised to a 2D sinusoidal grid,
+    `init_grid_positions`). ``llama`` (1D RoPE, the shipped model and `main`'s default) infers row
+    and column from distances and the row tokens, helped by the layout loss (README, "The bundled
+    demo model")."""
     if arch == "gpt2":
         from transformers import GPT2Config
 
@@ -232,8 +235,9 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="output directory (default: a temp dir for --smoke, else ./runs/demo)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--images", type=int, default=12000, help="training images (generated, then VQ-encoded)")
-    ap.add_argument("--texture", choices=list(D.TEXTURES), default="fine",
-                    help="the backgrounds' cloud noise (data.TEXTURES); the shipped model: strong")
+    ap.add_argument("--texture", choices=list(D.TEXTURES), default="strong",
+                    help="the backgrounds' cloud noise (data.TEXTURES; default strong: a token depends on its "
+                         "neighbours as in natural images; fine: data v2's clouds)")
     ap.add_argument("--vq-steps", type=int, default=1500)
     ap.add_argument("--vq-crop", type=int, default=32,
                     help="train the VQ on random crops of this many px (0: whole 64 px images)")
@@ -252,8 +256,10 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--intermediate", type=int, default=512)
-    ap.add_argument("--arch", choices=ARCHITECTURES, default="gpt2",
-                    help="gpt2: learned absolute positions, initialised to a 2D grid (default); llama: 1D RoPE")
+    ap.add_argument("--arch", choices=ARCHITECTURES, default="llama",
+                    help="llama: 1D RoPE (default); gpt2: learned absolute positions, initialised to a 2D grid "
+                         "(draws shapes better, but its tokens depend too little on their neighbours to stand in "
+                         "for a real image model under SJD)")
     ap.add_argument("--prompt-format", choices=("slots", "words"), default=None,
                     help="slots: the structured caption, one fixed slot per fact (default); words: the caption's "
                          "words (the default with --prompt-slots)")
@@ -266,18 +272,20 @@ def main(argv=None):
                     help="the CFG scale the weights' generation_config.json names as their sampling default")
     ap.add_argument("--default-temperature", type=float, default=0.8,
                     help="the temperature the weights' generation_config.json names as their sampling default")
-    ap.add_argument("--row-tokens", action="store_true",
-                    help="close each image row with its own token (<eol0>..<eol15>) instead of the shared <eol>")
+    ap.add_argument("--row-tokens", action=argparse.BooleanOptionalAction, default=True,
+                    help="close each image row with its own token (<eol0>..<eol15>; default) instead of the shared "
+                         "<eol>")
     ap.add_argument("--caption-dropout", type=float, default=0.12)
     ap.add_argument("--object-weight", type=float, default=4.0,
                     help="extra loss weight on the image tokens where the caption puts an object (0: plain cross entropy)")
-    ap.add_argument("--layout-weight", type=float, default=0.0,
+    ap.add_argument("--layout-weight", type=float, default=4.0,
                     help="weight of an auxiliary loss: a linear head on the LM's last hidden state predicts which "
                          "object (none / first / second) each next image token shows (data.token_layout); dense "
-                         "supervision of the caption's layout, used in training only (the head is not saved)")
-    ap.add_argument("--layout-cells", type=int, default=1,
+                         "supervision of the caption's layout, used in training only (the head is not saved; 0: off)")
+    ap.add_argument("--layout-cells", type=int, default=2,
                     help="with --layout-weight: predict the object of each of cells x cells sub-patches of the "
-                         "next token (2: the outline at 2 px, which is the shape and carries no colour)")
+                         "next token (2, the default: the outline at 2 px, which is the shape and carries no "
+                         "colour; 1: the whole token)")
     ap.add_argument("--ckpt-every", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps a shared machine usable)")
     ap.add_argument("--vq-from", default=None, help="reuse a trained VQ from this dir instead of training one")

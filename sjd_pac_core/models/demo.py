@@ -20,8 +20,8 @@ from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncodi
 from .loader import ModelLoadError, check_checkpoint_matches
 
 
-# `demo.train` builds a GPT-2 with learned absolute positions (its default) or a 1D-RoPE Llama
-# (`--arch llama`; README, "The bundled demo model").
+# `demo.train` builds a 1D-RoPE Llama (its default, the shipped model) or a GPT-2 with learned
+# absolute positions (`--arch gpt2`; README, "The bundled demo model").
 DEMO_MODEL_TYPES = ("gpt2", "llama")
 # Sampling defaults a demo folder may set in its generation_config.json (transformers' keys).
 GENERATION_DEFAULT_KEYS = {"guidance_scale": "cfg_scale", "temperature": "temperature", "top_k": "top_k"}

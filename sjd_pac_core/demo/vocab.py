@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import EXAMPLE_PROMPT
+
 SPECIALS = ["<pad>", "<bos>", "<boi>", "<eol>", "<eoi>", "<unk>"]
 PROMPT_FORMATS = ("words", "slots")
 # the structured prompt: per object (vertical place, horizontal place, size, colour, shape), then
@@ -71,7 +73,6 @@ _VERTICAL = {"top": "top", "upper": "top", "bottom": "bottom", "lower": "bottom"
 _HORIZONTAL = {"left": "left", "right": "right"}
 _MIDDLE = {"center", "centre", "middle"}
 _SIZES = ("small", "medium", "large")
-_EXAMPLE = "a green triangle bottom right on a white background"
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def parse_prompt(text: str) -> ParsedPrompt:
             f"The demo model does not know the word{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}. "
             f"It draws one or two shapes ({', '.join(D.SHAPES)}) in colours ({', '.join(D.COLOR_NAMES)}), "
             f"sizes (small, large) and places (top left, top, top right, left, center, right, bottom left, "
-            f"bottom, bottom right) on a coloured background; write e.g. \"{_EXAMPLE}\"."
+            f"bottom, bottom right) on a coloured background; write e.g. \"{EXAMPLE_PROMPT}\"."
         )
     warnings = []
     background = None
@@ -120,7 +121,7 @@ def parse_prompt(text: str) -> ParsedPrompt:
         at = len(words) - 1 - words[::-1].index("background")
         before = [w for w in words[:at] if w not in ("a", "an", "the")]
         if not before or before[-1] not in D.COLORS:
-            raise PromptError(f"Name the background's colour right before \"background\", e.g. \"{_EXAMPLE}\".")
+            raise PromptError(f"Name the background's colour right before \"background\", e.g. \"{EXAMPLE_PROMPT}\".")
         background = before[-1]
         # drop "on a <colour> background"
         k = at - 1
@@ -146,7 +147,7 @@ def parse_prompt(text: str) -> ParsedPrompt:
     phrases.append(cur)
     phrases = [p for p in phrases if any(w not in _FILLERS for w in p)]
     if not phrases:
-        raise PromptError(f"Name at least one shape and its colour, e.g. \"{_EXAMPLE}\".")
+        raise PromptError(f"Name at least one shape and its colour, e.g. \"{EXAMPLE_PROMPT}\".")
     if len(phrases) > MAX_OBJECTS:
         raise PromptError(f"The demo model draws at most {MAX_OBJECTS} objects; the prompt names {len(phrases)}.")
     objects = []
@@ -158,7 +159,7 @@ def parse_prompt(text: str) -> ParsedPrompt:
             raise PromptError(
                 f"Give each object one colour and one shape (and at most one size word); "
                 f"\"{' '.join(p)}\" has colours {colours or 'none'}, shapes {shapes or 'none'}. "
-                f"Write e.g. \"{_EXAMPLE}\"."
+                f"Write e.g. \"{EXAMPLE_PROMPT}\"."
             )
         vertical = [_VERTICAL[w] for w in p if w in _VERTICAL]
         horizontal = [_HORIZONTAL[w] for w in p if w in _HORIZONTAL]

@@ -449,18 +449,18 @@ def side_branch_share(records) -> float:
 # call counter: a fault whose seam never ran proves nothing, and the tests assert it ran.
 
 def _tempered_siblings(original):
-    def faulty(q, k, exclude, generator):  # draws from softmax(0.3 log q), the sampler still believes q
-        return original(torch.softmax(0.3 * torch.log(q), dim=-1), k, exclude, generator)
+    def faulty(q, first, k, generator):  # draws from softmax(0.3 log q), the sampler still believes q
+        return original(torch.softmax(0.3 * torch.log(q), dim=-1), first, k, generator)
     return faulty
 
 
 def _top_k_siblings(original):
-    def faulty(q, k, exclude, generator):  # the K-1 most likely tokens of q after the first, deterministically
-        if k <= 0:
-            return torch.empty(0, dtype=torch.long, device=q.device)
+    def faulty(q, first, k, generator):  # the K-1 most likely tokens of q after the first, deterministically
+        if k <= 1:
+            return first.unsqueeze(-1)
         logq = torch.log(q).clone()
-        logq[exclude] = float("-inf")
-        return torch.topk(logq, k).indices
+        logq.scatter_(-1, first.unsqueeze(-1), float("-inf"))
+        return torch.cat([first.unsqueeze(-1), torch.topk(logq, k - 1, dim=-1).indices], -1)
     return faulty
 
 
@@ -508,8 +508,8 @@ def _side_chain_main_context(original):
 
 FAULTS = {
     # name: (module, attribute ("Class.method" for a method), wrapper(original) -> faulty)
-    "pd_tempered_siblings": ("sjd_pac_core.sampling.rules", "sample_without_replacement", _tempered_siblings),
-    "pd_topk_siblings": ("sjd_pac_core.sampling.rules", "sample_without_replacement", _top_k_siblings),
+    "pd_tempered_siblings": ("sjd_pac_core.sampling.rules", "sample_without_replacement_rows", _tempered_siblings),
+    "pd_topk_siblings": ("sjd_pac_core.sampling.rules", "sample_without_replacement_rows", _top_k_siblings),
     "cfg_positions_ignore_padding": ("sjd_pac_core.sampling.tree", "tree_position_ids", _positions_ignore_padding),
     "padding_columns_unmasked": ("sjd_pac_core.sampling.tree", "tree_attention_mask", _padding_unmasked),
     "auto_window_always_1": ("sjd_pac_core.engine.window", "AutoWindow.next_window", _always_window_1),

@@ -28,7 +28,6 @@ from .verify import (
     recursive_rejection_rows,
     residual,
     sample,
-    sample_without_replacement,
     sample_without_replacement_rows,
     speculative_accept,
 )
@@ -100,16 +99,15 @@ class RejectionRule:
     def candidates(
         self, q: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """q [T, V], first long [T] (each row's draft, drawn from it): [T, k] and validity."""
-        rows = [torch.cat([first[d : d + 1], sample_without_replacement(q[d], k - 1, first[d : d + 1], self.generator)])
-                for d in range(q.shape[0])]  # one draw per tree level: a handful
-        return torch.stack(rows), candidate_validity(q, k)
+        """q [T, V], first long [T] (each row's draft, drawn from it): [T, k] and validity, all
+        rows in one Gumbel top-k (no loop over the tree's levels)."""
+        return sample_without_replacement_rows(q, first, k, self.generator), candidate_validity(q, k)
 
     def chain_candidates(
         self, q: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """As `candidates`, for every chain position at once: one random tensor, no row loop."""
-        return sample_without_replacement_rows(q, first, k, self.generator), candidate_validity(q, k)
+        """As `candidates`, for every chain position at once."""
+        return self.candidates(q, first, k, positions)
 
 
 class GumbelNoiseWindow:

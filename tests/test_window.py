@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 import sjd_pac_core as sp
@@ -141,11 +142,18 @@ def test_sample_tokens_uses_long_windows_where_drafts_are_accepted():
     assert long_window_share(windows) >= 0.8, windows
 
 
-def test_sample_tokens_uses_a_window_of_one_where_drafts_are_rejected():
+@pytest.mark.parametrize("seed", [0, 1, 5])
+def test_sample_tokens_uses_a_window_of_one_where_drafts_are_rejected(seed):
     # The drafts a pass already carries (Adaptive Continuation) stay in the window, so after the
-    # policy drops to L = 1 the window drains by one per pass instead of at once.
-    windows = sampled_windows(_never_right_chain(120))
-    assert sum(w <= 2 for w in windows) >= 0.8 * len(windows), windows
+    # policy drops to L = 1 the window drains by one per pass instead of at once. With seeds 1 and
+    # 5 the first pass is not rejected (its few drafts happen to be right), the policy grows the
+    # window to 48-96, and the drain takes as many passes; what must hold for every seed: at most
+    # one pass per carried draft to drain, and once drained the window stays at 1-2.
+    windows = sampled_windows(_never_right_chain(120), seed)
+    drained = next((i for i, w in enumerate(windows) if w <= 2), None)
+    assert drained is not None and drained <= max(windows[: drained + 1]), windows
+    after = windows[drained:]
+    assert len(after) >= 20 and sum(w <= 2 for w in after) >= 0.9 * len(after), windows
 
 
 def test_planted_auto_window_always_1_is_caught():

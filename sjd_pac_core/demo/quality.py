@@ -42,7 +42,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 from PIL import Image
 
-from .data import COLOR_NAMES, COLORS, IMAGE_SIZE, POSITIONS, SHAPES, parse_caption, shape_mask
+from .data import COLOR_NAMES, COLORS, IMAGE_SIZE, POSITIONS, SHAPES, TEXTURES, parse_caption, shape_mask
 
 PROMPTS_FILE = Path(__file__).with_name("quality_prompts.txt")
 BACKGROUND_MIN_SHARE = 0.5
@@ -514,7 +514,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--n", type=int, default=200, help="images per set for --calibrate / --ceiling")
     ap.add_argument("--ceiling", action="store_true",
                     help="ground-truth held-out images through the model's VQ tokenizer (no LM), checked")
-    ap.add_argument("--texture", default=None, choices=["fine", "medium", "strong"],
+    ap.add_argument("--texture", default=None, choices=list(TEXTURES),
                     help="background texture of the ground truth for --calibrate / --ceiling (data.TEXTURES; "
                          "default: the one the model was trained on for --ceiling, fine for --calibrate)")
     ap.add_argument("--cfg", type=float, nargs="+", default=None, help="CFG scales (default: the model's)")

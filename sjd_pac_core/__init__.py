@@ -4,7 +4,7 @@ Pure PyTorch + transformers; no ComfyUI or Gradio import anywhere in this packag
 
     import sjd_pac_core as sp
     model = sp.load_model("demo")
-    result = sp.generate_image(model, "a green triangle bottom right on a white background", seed=0)
+    result = sp.generate_image(model, "a large orange circle top right on a blue background", seed=0)
     result.images[0].save("out.png"); print(result.stats.summary())
 """
 

@@ -316,7 +316,7 @@ def test_missing_place_or_background_is_filled_with_a_warning():
 
 
 @pytest.mark.parametrize("text, words", [
-    ("a red cat on the blue field", ["cat", "field", "a green triangle bottom right on a white background"]),
+    ("a red cat on the blue field", ["cat", "field", "a large orange circle top right on a blue background"]),
     ("a red blue circle top on a black background", ["one colour and one shape"]),
     ("a circle top on a black background", ["one colour and one shape"]),
     ("a red circle top and a blue star bottom and a green ring left on a white background", ["at most 2 objects"]),

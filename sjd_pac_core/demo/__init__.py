@@ -9,4 +9,4 @@ sampler sees it with ``python -m sjd_pac_core.demo.calibrate``.
 
 # The prompt the README, the app, the ComfyUI nodes and the demo workflows start with: chosen with
 # the strict check (`python -m sjd_pac_core.demo.quality --prompts ...`) on held-out seeds.
-EXAMPLE_PROMPT = "a green triangle bottom right on a white background"
+EXAMPLE_PROMPT = "a large orange circle top right on a blue background"

@@ -1,13 +1,12 @@
 """Rebuild the bundled demo model from scratch: data -> VQ tokenizer -> text-to-image LM.
 
-    python -m sjd_pac_core.demo.train --out /tmp/demo_run --lm-stop-at 2400   # the shipped weights
-    python -m sjd_pac_core.demo.train --smoke                                    # a few steps of each stage
+    python -m sjd_pac_core.demo.train --out /tmp/demo_run      # the shipped weights' recipe
+    python -m sjd_pac_core.demo.train --smoke                      # a few steps of each stage
 
-The defaults are the shipped recipe (a Llama with row tokens, the sub-token layout loss, strong
-background clouds), sized for about one hour of CPU time on one thread. The shipped weights in
-``sjd_pac_core/demo/weights/`` are its checkpoint at LM step 2,400 of 2,700, bit for bit
-(``--lm-stop-at 2400``; README, "The bundled demo model"). Every ``--ckpt-every`` LM steps the
-output directory holds a usable (partially trained) model.
+The defaults are the recipe of the shipped weights in ``sjd_pac_core/demo/weights/`` (a Llama with
+row tokens, the sub-token layout loss, strong background clouds, 4,000 LM steps; README, "The
+bundled demo model"), about 65 minutes of CPU time on one thread. Every ``--ckpt-every`` LM steps
+the output directory holds a usable (partially trained) model.
 """
 
 from __future__ import annotations
@@ -246,10 +245,10 @@ def main(argv=None):
     ap.add_argument("--vq-edge-weight", type=float, default=0.0,
                     help="weight of the VQ's L1 loss on pixel differences (sharper shape edges)")
     ap.add_argument("--codebook", type=int, default=512)
-    ap.add_argument("--lm-steps", type=int, default=2700)
+    ap.add_argument("--lm-steps", type=int, default=4000)
     ap.add_argument("--lm-stop-at", type=int, default=None,
                     help="stop after this many LM steps of the --lm-steps schedule (the learning rate has not "
-                         "decayed to its end); the shipped weights are step 2400 of 2700")
+                         "decayed to its end)")
     ap.add_argument("--lm-batch", type=int, default=16)
     ap.add_argument("--lm-lr", type=float, default=2e-3)
     ap.add_argument("--hidden", type=int, default=128)

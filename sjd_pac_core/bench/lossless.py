@@ -292,8 +292,8 @@ def gumbel_check(model: ARImageModel, prompts: Sequence[str], pairs: int, method
 
 
 # The negative control's bias: AR at this fraction of the temperature. 0.9 (a 10% bias) was seen by
-# the check with the earlier demo weights but not with the shipped ones at 240 images per group
-# (p = 0.69 / 0.46 on tokens / colours); 0.7 is seen there (p = 0.0005 on the tokens).
+# the check with the first demo weights but not with the later ones at 240 images per group
+# (p = 0.69 / 0.46 on tokens / colours); 0.7 is seen with every one since (p = 0.0005 on the tokens).
 DEFAULT_CONTROL_TEMPERATURE = 0.7
 
 

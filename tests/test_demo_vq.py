@@ -171,9 +171,9 @@ def test_smoke_training_with_the_layout_loss_writes_a_plain_model(tmp_path):
 
 
 def test_lm_stop_at_stops_inside_the_schedule(tmp_path):
-    """`--lm-stop-at` (how the shipped checkpoint, step 2,400 of 2,700, is rebuilt): the LM stops
-    at that step of the schedule, the log says "stopped" and records the texture, and the folder
-    loads; a step outside the schedule is refused."""
+    """`--lm-stop-at` (a checkpoint inside the schedule, as the 2,400-step weights of 2026-12-02
+    were rebuilt): the LM stops at that step, the log says "stopped" and records the texture, and
+    the folder loads; a step outside the schedule is refused."""
     from sjd_pac_core.demo import train
     from sjd_pac_core.demo.model import load_demo
 

@@ -27,11 +27,11 @@ slot. Natural-language prompts ("a red circle top left on a blue background", "a
 square in the center on a white background") are parsed into the slots by `parse_prompt`; a
 word the model does not know is an error that lists the words it knows.
 
-With ``row_tokens`` set (``demo.train``'s default; ``--no-row-tokens`` turns it off), each row ends in its own forced token
-(``<eol0>`` .. ``<eol15>``, ids between the words and the image codes) instead of the shared
-``<eol>``: the nearest row end then names the row, and the distance to it names the column, so a
-1D-RoPE Llama gets the 2D position of every image token from its local context. The sequence
-length and the tokens the sampler is free to choose are unchanged.
+With ``row_tokens`` set (``demo.train``'s default; ``--no-row-tokens`` turns it off), each row
+ends in its own forced token (``<eol0>`` .. ``<eol15>``, ids between the words and the image
+codes) instead of the shared ``<eol>``: the nearest row end then names the row, and the distance
+to it names the column, so a 1D-RoPE Llama gets the 2D position of every image token from its
+local context. The sequence length and the tokens the sampler is free to choose are unchanged.
 """
 
 from __future__ import annotations

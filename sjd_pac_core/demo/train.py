@@ -36,7 +36,7 @@ PROMPT_SLOTS = 20  # --prompt-slots for --arch gpt2: the longest training captio
 
 
 def lm_config(vocab: DemoVocab, hidden: int, layers: int, heads: int, intermediate: int, max_pos: int,
-              arch: str = "gpt2"):
+              arch: str = "llama"):
     """The LM's transformers config. ``gpt2`` has learned absolute position embeddings: with
     fixed-length prompts (the slot format, or ``--prompt-slots 20``) every image token has its own,
     so row and column are explicit inputs (initialised to a 2D sinusoidal grid,

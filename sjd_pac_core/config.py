@@ -38,6 +38,10 @@ class ConfigError(ValueError):
 # entries). These bounds keep every pass small enough to build and run in well under a second
 # of sampler work on any machine.
 MAX_TREE_NODES = 256  # PD tree nodes below the root (default D=3, first level 8, K=4: 40)
+# Chain siblings grow linearly with L (W - 1 per chain position), not as K^(D-1): at L = 64,
+# W = 12 adds 693 nodes behind one tree level, the width that reaches 6x step compression on the
+# demo model (README, "Drafting"); a pass that size still costs milliseconds of sampler work.
+MAX_CHAIN_SIBLING_NODES = 1024
 MAX_WINDOW = 1024  # draft window L
 DEFAULT_TREE_FIRST_WIDTH = 8  # SamplerConfig.tree_first_width's default (docs/benchmark.md, "Drafting")
 
@@ -96,7 +100,7 @@ class SamplerConfig:
         draft only, the default). Candidates 1 .. W - 1 of a position's draw sit beside its
         draft as leaves, so a pass whose chain draft is rejected still commits the token after
         the position when a sibling holds the verified token. Adds (W - 1) x (L - D + 1) nodes
-        per pass; needs a fixed window (at most MAX_TREE_NODES sibling nodes).
+        per pass; needs a fixed window (at most MAX_CHAIN_SIBLING_NODES sibling nodes).
     adaptive_continuation, proactive_drafting: switch AC and PD separately (sjd_pac only), so
         the paper's ablation SJD / +PD / +AC / +PD+AC is one flag each.
     verify: "gumbel" (the default; seed-exact: every method gives the same tokens as plain AR for
@@ -205,11 +209,12 @@ class SamplerConfig:
                     f"more than {MAX_TREE_NODES} nodes (the cost grows as K^(D-1)); with K = "
                     f"{self.tree_width} use D <= {max_tree_depth(self.tree_width, first_width=first)}."
                 )
-        if self.chain_sibling_nodes > MAX_TREE_NODES:
+        if self.chain_sibling_nodes > MAX_CHAIN_SIBLING_NODES:
             raise ConfigError(
                 f"tree_chain_width = {self.tree_chain_width} at window L = {self.window} adds "
-                f"{self.chain_sibling_nodes} sibling nodes per pass, above the limit of {MAX_TREE_NODES}; use "
-                f"tree_chain_width <= {max(1, 1 + MAX_TREE_NODES // max(1, self.chain_positions))} or a shorter window."
+                f"{self.chain_sibling_nodes} sibling nodes per pass, above the limit of {MAX_CHAIN_SIBLING_NODES}; "
+                f"use tree_chain_width <= {max(1, 1 + MAX_CHAIN_SIBLING_NODES // max(1, self.chain_positions))} "
+                "or a shorter window."
             )
         if self.temperature is None or not self.temperature > 0:
             raise ConfigError(

@@ -25,6 +25,7 @@ from exactness_tools import (
     planted_fault,
     tiny_causal_lm,
 )
+from sjd_pac_core.config import MAX_CHAIN_SIBLING_NODES
 from sjd_pac_core.engine import drafters
 
 V, N = 3, 5
@@ -118,8 +119,10 @@ def test_chain_width_shape_config_and_limits():
     assert sp.SamplerConfig(method="sjd", tree_chain_width=3).tree_side_nodes == 0  # no tree, no siblings
     with pytest.raises(sp.ConfigError, match="needs a fixed window"):
         sp.SamplerConfig(window="auto", tree_chain_width=2)
-    with pytest.raises(sp.ConfigError, match="above the limit"):
-        sp.SamplerConfig(window=200, tree_chain_width=3)
+    wide = sp.SamplerConfig(window=64, tree_depth=2, tree_first_width=64, tree_chain_width=12)
+    assert wide.chain_sibling_nodes == 11 * 63 <= MAX_CHAIN_SIBLING_NODES  # 6x on the demo (README)
+    with pytest.raises(sp.ConfigError, match="above the limit of 1024; use tree_chain_width <= 2 or"):
+        sp.SamplerConfig(window=600, tree_chain_width=3)
     with pytest.raises(sp.ConfigError, match="tree_chain_width must be an integer >= 1"):
         sp.SamplerConfig(tree_chain_width=0)
 

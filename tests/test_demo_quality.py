@@ -87,6 +87,21 @@ def test_quality_prompts_are_held_out():
         assert all(D.color_distance(o["color"], bg) >= D.MIN_CONTRAST for o in objs), p
 
 
+def test_trained_pair_prompts_mirror_the_held_out_ones():
+    """The README's control set: each held-out prompt with only its held-out colours changed."""
+    held_out = Q.load_prompts()
+    trained = Q.load_prompts(Q.PROMPTS_FILE.with_name("quality_prompts_trained_pairs.txt"))
+    assert len(trained) == len(held_out)
+    for h, t in zip(held_out, trained):
+        (h_objs, h_bg), (t_objs, t_bg) = D.parse_caption(h), D.parse_caption(t)
+        assert t_bg == h_bg and len(t_objs) == len(h_objs), (h, t)
+        for ho, to in zip(h_objs, t_objs):
+            assert (to["color"], to["shape"]) not in D.HELD_OUT_PAIRS, t
+            assert {k: v for k, v in to.items() if k != "color"} == {k: v for k, v in ho.items() if k != "color"}
+            assert to["color"] == ho["color"] or (ho["color"], ho["shape"]) in D.HELD_OUT_PAIRS, (h, t)
+            assert D.color_distance(to["color"], t_bg) >= D.MIN_CONTRAST, t
+
+
 def test_check_image_shapes_and_types():
     s = D.make_sample(0, 1)
     from PIL import Image

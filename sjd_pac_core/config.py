@@ -39,8 +39,8 @@ class ConfigError(ValueError):
 # of sampler work on any machine.
 MAX_TREE_NODES = 256  # PD tree nodes below the root (default D=3, first level 8, K=4: 40)
 # Chain siblings grow linearly with L (W - 1 per chain position), not as K^(D-1): at L = 64,
-# W = 12 adds 693 nodes behind one tree level, the width that reaches 6x step compression on the
-# demo model (README, "Drafting"); a pass that size still costs milliseconds of sampler work.
+# W = 12-16 adds 693-945 nodes behind one tree level, the widths that reach 6x step compression
+# on the demo model (README, "Drafting"); a pass that size still costs milliseconds of sampler work.
 MAX_CHAIN_SIBLING_NODES = 1024
 MAX_WINDOW = 1024  # draft window L
 DEFAULT_TREE_FIRST_WIDTH = 8  # SamplerConfig.tree_first_width's default (docs/benchmark.md, "Drafting")

@@ -118,6 +118,17 @@ def test_check_image_shapes_and_types():
     assert r.failed() == ["object_colour", "shape", "position", "size"]
 
 
+def test_calibrate_cli_checks_the_texture_the_model_learned(capsys):
+    """--calibrate judges the check on the shipped model's own (strong) backgrounds by default."""
+    from sjd_pac_core.demo.model import WEIGHTS_DIR
+
+    assert Q.trained_texture(WEIGHTS_DIR) == "strong"
+    Q.main(["--calibrate", "--n", "3"])
+    assert capsys.readouterr().out.startswith("calibration (strong texture):")
+    Q.main(["--calibrate", "--n", "3", "--texture", "fine"])
+    assert capsys.readouterr().out.startswith("calibration (fine texture):")
+
+
 @pytest.mark.slow
 def test_shipped_model_quality_floor(demo_model):
     """Shipped demo model, its defaults, SJD-PAC with verify="gumbel" and seed 0, so the images

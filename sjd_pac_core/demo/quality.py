@@ -516,7 +516,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     help="ground-truth held-out images through the model's VQ tokenizer (no LM), checked")
     ap.add_argument("--texture", default=None, choices=list(TEXTURES),
                     help="background texture of the ground truth for --calibrate / --ceiling (data.TEXTURES; "
-                         "default: the one the model was trained on for --ceiling, fine for --calibrate)")
+                         "default: the one --model was trained on, strong for the shipped demo)")
     ap.add_argument("--cfg", type=float, nargs="+", default=None, help="CFG scales (default: the model's)")
     ap.add_argument("--temperature", type=float, nargs="+", default=None)
     ap.add_argument("--top-k", type=int, default=None)
@@ -528,16 +528,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--json", default=None, help="write every image's verdict to this JSON file")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
+    if a.calibrate or a.ceiling:
+        from .model import WEIGHTS_DIR
+
+        folder = WEIGHTS_DIR if a.model == "demo" else a.model
+        texture = a.texture or trained_texture(folder)  # judge the check on the images the model learned
     if a.calibrate:
-        for line in calibrate(a.n, texture=a.texture or "fine").lines():
+        print(f"calibration ({texture} texture):", flush=True)
+        for line in calibrate(a.n, texture=texture).lines():
             print(line, flush=True)
         return
     if a.ceiling:
-        from .model import WEIGHTS_DIR
         from .vq import VQModel
 
-        folder = WEIGHTS_DIR if a.model == "demo" else a.model
-        texture = a.texture or trained_texture(folder)
         rates = vq_ceiling(VQModel.from_pretrained(folder), a.n, texture=texture)
         print(f"ceiling ({folder}, {texture} texture): {rates.line()}", flush=True)
         return

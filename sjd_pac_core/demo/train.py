@@ -5,8 +5,8 @@
 
 The defaults are the recipe of the shipped weights in ``sjd_pac_core/demo/weights/`` (a Llama with
 row tokens, the sub-token layout loss, strong background clouds, 5,400 LM steps; README, "The
-bundled demo model"): 0.9-1.3 s of CPU time per LM step on one thread, about 90-120 minutes in all. Every ``--ckpt-every`` LM steps
-the output directory holds a usable (partially trained) model.
+bundled demo model"): 0.9-1.3 s of CPU time per LM step on one thread, about 90-120 minutes in
+all. Every ``--ckpt-every`` LM steps the output directory holds a usable (partially trained) model.
 """
 
 from __future__ import annotations

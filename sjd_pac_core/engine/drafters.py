@@ -27,46 +27,9 @@ import torch
 from ..config import SamplerConfig, tree_side_nodes
 from ..sampling.drafting import initial_proposals
 from ..sampling.recipe import SamplingRecipe
-from ..sampling.tree import TreeShape, chain_shape, level_tree_shape, one_deviation_leaves
-from .state import DraftWindow
+from ..sampling.tree import level_tree_shape, one_deviation_leaves
+from .draft import Draft, DraftWindow, TreeDraft
 from .verdict import Decisions, PassOutcome, StaleRows, Verdict
-
-
-@dataclass(frozen=True)
-class TreeDraft:
-    """Candidates for the first `levels` window positions, and the tree the pass feeds.
-
-    candidates: long [levels, K]; row d is the draw for window position d (column 0 is the
-    window's own draft). valid: bool [levels, K]; False marks padding slots (q had fewer than K
-    tokens), which are never accepted. shape: the nodes of the pass (any slots of these rows,
-    the window's drafts beyond them on slot 0).
-    """
-
-    candidates: torch.Tensor
-    valid: torch.Tensor
-    shape: TreeShape
-    widths: Tuple[int, ...] = ()  # a level tree's candidates per level (empty for another shape)
-
-    @property
-    def levels(self) -> int:
-        return int(self.candidates.shape[0])
-
-    @property
-    def width(self) -> int:
-        return int(self.candidates.shape[1])
-
-
-@dataclass(frozen=True)
-class Draft:
-    """What the next pass verifies: the window on the main branch and an optional tree."""
-
-    window: DraftWindow
-    tree: Optional[TreeDraft] = None
-    kept_by_ac: int = 0  # drafts carried over unchanged from the last pass (a statistic)
-
-    @property
-    def shape(self) -> TreeShape:
-        return self.tree.shape if self.tree is not None else chain_shape(len(self.window))
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from dataclasses import dataclass, fields, replace
-from typing import Any, Dict, Literal, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -16,16 +17,6 @@ InitProposal = Literal["nearest", "uniform"]
 METHODS = ("ar", "sjd", "sjd_pac")
 VERIFY_RULES = ("rejection", "gumbel")
 INIT_PROPOSALS = ("nearest", "uniform")
-
-
-def tree_side_nodes(widths: Sequence[int], side_chain: int = 0) -> int:
-    """Nodes a full tree with these level widths adds beyond the main branch, with side chains
-    of `side_chain` drafts on its one-deviation leaves (sum of (width - 1) of them)."""
-    total, size = 0, 1
-    for width in widths:
-        size *= width
-        total += size - 1
-    return total + side_chain * sum(width - 1 for width in widths)
 
 
 class ConfigError(ValueError):
@@ -46,20 +37,78 @@ MAX_WINDOW = 1024  # draft window L
 DEFAULT_TREE_FIRST_WIDTH = 8  # SamplerConfig.tree_first_width's default (docs/benchmark.md, "Drafting")
 
 
+def level_node_count(widths: Iterable[int], limit: Optional[int] = None) -> int:
+    """Nodes of a full tree's levels (widths[0] + widths[0] * widths[1] + ...): every node at
+    every level gets the next level's candidates. Stops counting once past `limit`, so an absurd
+    depth costs nothing to check."""
+    total, size = 0, 1
+    for width in widths:
+        size *= width
+        total += size
+        if limit is not None and total > limit:
+            break
+    return total
+
+
+@dataclass(frozen=True)
+class TreeLevels:
+    """The Proactive Drafting tree in numbers: the one place D, the level widths and the node
+    counts of a pass come from.
+
+    A node is a row of a pass beyond its root (the last committed token); with classifier-free
+    guidance each node is two rows of the forward, but budgets and counts are in nodes.
+    widths: candidates at each of the D - 1 positions the tree branches at (D counts the root,
+    as the paper does); side_chain: drafts hung off each leaf one deviation from the main branch
+    (`sampling.tree.one_deviation_leaves`); chain_width: candidates at each chain position past
+    the levels (1: the chain's draft alone).
+    """
+
+    widths: Tuple[int, ...] = ()
+    side_chain: int = 0
+    chain_width: int = 1
+
+    @classmethod
+    def of(cls, depth: int, width: int, first_width: Optional[int] = None, side_chain: int = 0,
+           chain_width: int = 1) -> "TreeLevels":
+        """D and K, the first level `first_width` wide (None: K)."""
+        widths = ((first_width or width,) + (width,) * (depth - 2)) if depth >= 2 else ()
+        return cls(widths, side_chain, chain_width)
+
+    @property
+    def depth(self) -> int:
+        return len(self.widths) + 1
+
+    @property
+    def level_nodes(self) -> int:
+        """Nodes of the levels, main branch included (K + K^2 + ... for D = 3 and width K)."""
+        return level_node_count(self.widths)
+
+    @property
+    def side_leaves(self) -> int:
+        """Leaves one deviation from the main branch (sum of width - 1): where side chains hang."""
+        return sum(w - 1 for w in self.widths)
+
+    def chain_siblings(self, window: int) -> int:
+        """Sibling nodes beside the chain's drafts in a pass of `window` drafts."""
+        return (self.chain_width - 1) * max(window - len(self.widths), 0)
+
+    def side_nodes(self, window: int) -> int:
+        """Nodes beyond the main branch (the window's drafts) in a pass of `window` drafts."""
+        return (self.level_nodes - len(self.widths) + self.side_chain * self.side_leaves
+                + self.chain_siblings(window))
+
+    def nodes(self, window: int) -> int:
+        """Every node of a pass of `window` drafts (its rows beyond the root)."""
+        return window + self.side_nodes(window)
+
+
 def tree_node_count(
     depth: int, width: int, limit: int = MAX_TREE_NODES, first_width: Optional[int] = DEFAULT_TREE_FIRST_WIDTH
 ) -> int:
-    """Nodes below the root of a full tree of depth D, first level `first_width` (None: K), then K.
-
-    Stops counting once past `limit`, so an absurd D costs nothing to check.
-    """
-    total, level = 0, 1
-    for d in range(max(depth - 1, 0)):
-        level *= (first_width or width) if d == 0 else width
-        total += level
-        if total > limit:
-            break
-    return total
+    """Nodes of the levels of a tree of depth D, first level `first_width` (None: K), then K
+    (TreeLevels.level_nodes, without building an absurd D's widths; stops past `limit`)."""
+    widths = itertools.chain([first_width or width], itertools.repeat(width, depth - 2)) if depth >= 2 else ()
+    return level_node_count(widths, limit)
 
 
 def max_tree_depth(
@@ -95,7 +144,7 @@ class SamplerConfig:
         leaf that leaves the main branch at exactly one level, so a pass won by such a side leaf
         runs on into the chain (0: the chain hangs off the main branch only, and a side-branch win
         ends the pass after the tree). Cut so the side chains add at most MAX_TREE_NODES nodes
-        (`side_chain_len`); the default tree with 16 adds 160 nodes per pass.
+        (`tree`); the default tree with 16 adds 160 nodes per pass.
     tree_chain_width: candidates at every chain position past the tree's levels (1: the chain's
         draft only, the default). Candidates 1 .. W - 1 of a position's draw sit beside its
         draft as leaves, so a pass whose chain draft is rejected still commits the token after
@@ -209,11 +258,13 @@ class SamplerConfig:
                     f"more than {MAX_TREE_NODES} nodes (the cost grows as K^(D-1)); with K = "
                     f"{self.tree_width} use D <= {max_tree_depth(self.tree_width, first_width=first)}."
                 )
-        if self.chain_sibling_nodes > MAX_CHAIN_SIBLING_NODES:
+        siblings = self.tree.chain_siblings(self.window_size) if self.use_pd else 0
+        if siblings > MAX_CHAIN_SIBLING_NODES:
+            positions = self.window_size - len(self.tree.widths)
             raise ConfigError(
                 f"tree_chain_width = {self.tree_chain_width} at window L = {self.window} adds "
-                f"{self.chain_sibling_nodes} sibling nodes per pass, above the limit of {MAX_CHAIN_SIBLING_NODES}; "
-                f"use tree_chain_width <= {max(1, 1 + MAX_CHAIN_SIBLING_NODES // max(1, self.chain_positions))} "
+                f"{siblings} sibling nodes per pass, above the limit of {MAX_CHAIN_SIBLING_NODES}; "
+                f"use tree_chain_width <= {max(1, 1 + MAX_CHAIN_SIBLING_NODES // max(1, positions))} "
                 "or a shorter window."
             )
         if self.temperature is None or not self.temperature > 0:
@@ -239,39 +290,19 @@ class SamplerConfig:
         return 0 if self.method == "ar" or self.window == "auto" else self.window
 
     @property
-    def tree_widths(self) -> Tuple[int, ...]:
-        """Candidates at each of the D - 1 PD levels."""
-        if self.tree_depth < 2:
-            return ()
-        first = self.tree_first_width or self.tree_width
-        return (first,) + (self.tree_width,) * (self.tree_depth - 2)
-
-    @property
-    def side_chain_len(self) -> int:
-        """The side chains' length: tree_side_chain, cut so they add at most MAX_TREE_NODES nodes."""
-        leaves = sum(w - 1 for w in self.tree_widths)
-        if not self.use_pd or leaves == 0:
-            return 0
-        return min(self.tree_side_chain, MAX_TREE_NODES // leaves)
-
-    @property
-    def chain_positions(self) -> int:
-        """Window positions past the tree's levels (where chain siblings go)."""
-        return max(self.window_size - len(self.tree_widths), 0)
-
-    @property
-    def chain_sibling_nodes(self) -> int:
-        """Nodes the chain siblings add to a full window's pass (tree_chain_width)."""
-        if not self.use_pd:
-            return 0
-        return (self.tree_chain_width - 1) * self.chain_positions
+    def tree(self) -> TreeLevels:
+        """The configured tree (D, widths, side chains, chain width), whether or not the method
+        drafts one; side chains cut so they add at most MAX_TREE_NODES nodes, none without PD."""
+        levels = TreeLevels.of(self.tree_depth, self.tree_width, self.tree_first_width)
+        leaves = levels.side_leaves
+        side_chain = min(self.tree_side_chain, MAX_TREE_NODES // leaves) if self.use_pd and leaves else 0
+        return TreeLevels(levels.widths, side_chain, self.tree_chain_width)
 
     @property
     def tree_side_nodes(self) -> int:
-        """Nodes a full PD tree adds beyond the main branch (side chains and chain siblings too)."""
-        if not self.use_pd:
-            return 0
-        return tree_side_nodes(self.tree_widths, self.side_chain_len) + self.chain_sibling_nodes
+        """Nodes a full pass's PD tree adds beyond the main branch (side chains and chain siblings
+        too); 0 without PD."""
+        return self.tree.side_nodes(self.window_size) if self.use_pd else 0
 
     @property
     def use_ac(self) -> bool:

@@ -105,7 +105,7 @@ def measure(model, prompts: Sequence[str], seeds: Sequence[int], configs: Dict[s
             for name, config in configs.items():
                 stats = generate_image(model, prompt, config=config, seed=seed).stats
                 for run in stats if isinstance(stats, list) else [stats]:
-                    tallies[name].add(run, len(config.tree_widths) if config.use_pd else 0)
+                    tallies[name].add(run, len(config.tree.widths) if config.use_pd else 0)
     return tallies
 
 

@@ -24,7 +24,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from ..config import SamplerConfig, tree_side_nodes
+from ..config import SamplerConfig, TreeLevels
 from ..sampling.drafting import initial_proposals
 from ..sampling.recipe import SamplingRecipe
 from ..sampling.tree import level_tree_shape, one_deviation_leaves
@@ -157,38 +157,29 @@ class SJDDrafter(Drafter):
 
 class PACDrafter(SJDDrafter):
     """SJD-PAC: Adaptive Continuation keeps every old draft the stale p accepts (else its residual
-    redraw), and Proactive Drafting puts a tree of K candidates on the D - 1 positions after a
-    rejection. Either can be switched off (the paper's ablation). `widths` overrides the
-    per-level candidate counts (e.g. a wider first level). `side_chain` > 0 hangs that many of
-    the chain's drafts also off every leaf that leaves the main branch at exactly one level
-    (tree.one_deviation_leaves), so a side-branch win no longer ends the pass. `chain_width` > 1
-    puts that many candidates at every chain position (siblings of the chain's drafts, as
-    leaves); `max_window` then sizes the envelope (the longest window a pass may carry)."""
+    redraw), and Proactive Drafting puts a tree on the positions after a rejection. Either can be
+    switched off (the paper's ablation). `tree` is the tree in numbers (config.TreeLevels: the
+    level widths, side chains hung off the one-deviation leaves so a side-branch win no longer
+    ends the pass, chain siblings beside the chain's drafts); `max_window`, the longest window a
+    pass may carry, sizes the envelope when the tree has chain siblings."""
 
-    def __init__(self, continuation: bool, proactive: bool, depth: int, width: int,
-                 widths: Optional[Sequence[int]] = None, side_chain: int = 0, chain_width: int = 1,
-                 max_window: int = 0) -> None:
+    def __init__(self, continuation: bool, proactive: bool, tree: TreeLevels, max_window: int = 0) -> None:
         self.continuation = continuation
-        self.proactive = proactive and depth > 1
-        self.depth, self.width = depth, width
-        self.widths = tuple(widths) if widths is not None else (width,) * max(depth - 1, 0)
-        self.side_chain = side_chain if self.proactive else 0
-        self.chain_width = chain_width if self.proactive else 1
+        self.proactive = proactive and bool(tree.widths)
+        self.tree = tree if self.proactive else TreeLevels()
         self.max_window = max_window
 
     @property
     def max_side_nodes(self) -> int:
-        if not self.proactive:
-            return 0
-        siblings = (self.chain_width - 1) * max(self.max_window - len(self.widths), 0)
-        return tree_side_nodes(self.widths) + len(one_deviation_leaves(self.widths)) * self.side_chain + siblings
+        return self.tree.side_nodes(self.max_window) if self.proactive else 0
 
     def make_tree(self, ctx: DraftContext, window: DraftWindow, start: int,
                   widths: Optional[Tuple[int, ...]] = None) -> Optional[TreeDraft]:
         """The level tree on the window's first positions: `widths` (the window policy's choice,
         e.g. a narrower tree on hardware where nodes cost) or the configured ones."""
-        return self.shaped_tree(ctx, window, start, self.widths if widths is None else widths, self.side_chain,
-                                self.chain_width)
+        tree = self.tree
+        return self.shaped_tree(ctx, window, start, tree.widths if widths is None else widths, tree.side_chain,
+                                tree.chain_width)
 
     def continue_window(self, ctx: DraftContext, report: PassReport) -> Tuple[DraftWindow, int]:
         """Adaptive Continuation: the verdict's own draw at each node, which keeps the old draft
@@ -221,6 +212,5 @@ def make_drafter(config: SamplerConfig) -> Drafter:
     """The drafter a configuration asks for."""
     if config.use_ac or config.use_pd:
         kind = EveryPassTreeDrafter if config.tree_every_pass else PACDrafter
-        return kind(config.use_ac, config.use_pd, config.tree_depth, config.tree_width, config.tree_widths,
-                    config.side_chain_len, config.tree_chain_width, config.window_size)
+        return kind(config.use_ac, config.use_pd, config.tree, config.window_size)
     return SJDDrafter()

@@ -215,7 +215,7 @@ class _Decoder:
         self.timer = ForwardTimer(self.device)
         # An eager auto run chooses its tree too (a compiled one keeps its few pass shapes).
         self.adaptive_tree = (config.auto_window and not config.compile and config.use_pd
-                              and config.side_chain_len == 0)
+                              and config.tree.side_chain == 0)
 
     def _window_target(self, num_committed: int) -> int:
         return min(self.window_policy.next_window(), self.num_tokens - num_committed)
@@ -257,7 +257,7 @@ class _Decoder:
         elif self.config.auto_window:
             cost = measure_cost_curve(self.model, session, committed[0])
             if self.adaptive_tree:
-                self.window_policy = AutoTreeWindow(cost, narrower_trees(self.config.tree_widths),
+                self.window_policy = AutoTreeWindow(cost, narrower_trees(self.config.tree.widths),
                                                     candidates=self.candidates)
             else:
                 self.window_policy = AutoWindow(cost, extra_nodes=self.config.tree_side_nodes,

@@ -12,7 +12,7 @@ Familiar shapes are special cases: the plain SJD window is a chain (every node h
 the Proactive Drafting tree gives every node of its first D - 1 levels the same K candidates
 (`level_tree_shape`), with the chain hung off the main branch (the path of slot 0s); side chains
 hang the chain's first drafts also off some side leaves. A drafter may build any other shape
-(`TreeShape.from_paths`).
+from its slot paths (`TreeShape.check` says whether it is one).
 """
 
 from __future__ import annotations
@@ -35,12 +35,6 @@ class TreeShape:
     """
 
     paths: Tuple[Path, ...]
-
-    @staticmethod
-    def from_paths(paths: Iterable[Sequence[int]]) -> "TreeShape":
-        shape = TreeShape(tuple(tuple(int(s) for s in p) for p in paths))
-        shape.check()
-        return shape
 
     def check(self) -> None:
         """Parents before children, no duplicates, and every node's children are the slots

@@ -14,7 +14,6 @@ from sjd_pac_core import ConfigError, Progress, SamplerConfig
 from sjd_pac_core.config import MAX_TREE_NODES, MAX_WINDOW, METHODS, VERIFY_RULES, max_tree_depth, tree_node_count
 from sjd_pac_core.demo import EXAMPLE_PROMPT
 from sjd_pac_core.models.demo import DemoImageModel
-from sjd_pac_core.models.image_model import FamilyDefaults
 from sjd_pac_core.models.sizes import known_resolutions
 from sjd_pac_core.settings import config_from_settings, pointless_setting_warnings, run_record
 from sjd_pac_core.threads import threads_for, torch_threads
@@ -79,20 +78,20 @@ KNOBS: Dict[str, Tuple[Any, dict]] = {
     "window": ("INT", {
         "default": MODEL_DEFAULT, "min": -1, "max": MAX_WINDOW, "step": 1,
         "tooltip": "Window L: draft tokens verified per forward pass (sjd, sjd_pac). "
-                   f"{_FROM_MODEL} (demo {_DEMO.window}, the others {FamilyDefaults.window}); 0 = auto (chosen every pass from measured "
+                   f"{_FROM_MODEL} (demo {_DEMO.window}, the others {SamplerConfig.window}); 0 = auto (chosen every pass from measured "
                    "costs and acceptance). Usual 16-64; L = 1 cannot beat ar. Ignored by ar.",
     }),
     "tree_depth": ("INT", {
         "default": MODEL_DEFAULT, "min": -1, "max": TREE_DEPTH_MAX, "step": 1,
         "tooltip": "Tree depth D of Proactive Drafting (sjd_pac): the tree branches at the D-1 positions after "
                    "a rejection, so its cost grows as K^(D-1). 1 turns the tree off; "
-                   f"{_FROM_MODEL} (demo {_DEMO.tree_depth}, the others {FamilyDefaults.tree_depth} as in the paper).",
+                   f"{_FROM_MODEL} (demo {_DEMO.tree_depth}, the others {SamplerConfig.tree_depth} as in the paper).",
     }),
     "tree_width": ("INT", {
         "default": MODEL_DEFAULT, "min": -1, "max": TREE_WIDTH_MAX, "step": 1,
         "tooltip": "Tree width K of Proactive Drafting (sjd_pac): at most K candidate tokens per tree level; "
                    f"the cost grows as K^(D-1). {_FROM_MODEL} (demo {_DEMO.tree_width}, the others "
-                   f"{FamilyDefaults.tree_width} as in the paper). Must not exceed top_k.",
+                   f"{SamplerConfig.tree_width} as in the paper). Must not exceed top_k.",
     }),
     "verify": (VERIFY_CHOICES, {
         "default": "gumbel",

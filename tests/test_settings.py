@@ -13,7 +13,7 @@ from sjd_pac_core.models.image_model import FamilyDefaults
 from sjd_pac_core.settings import config_from_settings, resolve_seed, whole_number
 from sjd_pac_core.threads import threads_for, torch_threads
 
-DEMO_LIKE = FamilyDefaults(resolutions=("64x64",), cfg_scale=2.0, temperature=0.8, window=32)
+DEMO_LIKE = FamilyDefaults(resolutions=("64x64",), sampler=dict(cfg_scale=2.0, temperature=0.8, window=32))
 
 
 def test_empty_settings_take_the_family_defaults():

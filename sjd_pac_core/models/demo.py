@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import List, Optional
@@ -48,7 +47,7 @@ def folder_defaults(folder: Path, base: FamilyDefaults) -> FamilyDefaults:
         value = config.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             changes[field] = int(value) if field == "top_k" else float(value)
-    return dataclasses.replace(base, **changes) if changes else base
+    return base.with_sampler(**changes) if changes else base
 
 
 class DemoImageModel(ARImageModel):
@@ -60,8 +59,8 @@ class DemoImageModel(ARImageModel):
     # about 2.7 ms plus 0.13 ms per node there, so a short window with one tree level of K beats the
     # long window and wide tree that win where passes are nearly free (README "Results"; a GPU
     # user of a 7B family keeps that family's L and tree).
-    defaults = FamilyDefaults(resolutions=("64x64",), cfg_scale=2.0, temperature=0.8, window=12,
-                              tree_depth=2, tree_width=4, tree_first_width=None)
+    defaults = FamilyDefaults(resolutions=("64x64",), sampler=dict(cfg_scale=2.0, temperature=0.8, window=12,
+                                                                   tree_depth=2, tree_width=4, tree_first_width=None))
 
     def __init__(self, demo: DemoModel) -> None:
         self.demo = demo

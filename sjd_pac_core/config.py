@@ -34,6 +34,8 @@ MAX_TREE_NODES = 256  # PD tree nodes below the root (default D=3, first level 8
 # on the demo model (README, "Drafting"); a pass that size still costs milliseconds of sampler work.
 MAX_CHAIN_SIBLING_NODES = 1024
 MAX_WINDOW = 1024  # draft window L
+MAX_NODE_BUDGET = 1024  # SamplerConfig.node_budget: nodes per pass
+MAX_AUTO_BUDGET = 256  # the largest budget node_budget="auto" picks (engine/budget.py, BUDGET_CHOICES)
 DEFAULT_TREE_FIRST_WIDTH = 8  # SamplerConfig.tree_first_width's default (docs/benchmark.md, "Drafting")
 
 
@@ -150,6 +152,14 @@ class SamplerConfig:
         draft as leaves, so a pass whose chain draft is rejected still commits the token after
         the position when a sibling holds the verified token. Adds (W - 1) x (L - D + 1) nodes
         per pass; needs a fixed window (at most MAX_CHAIN_SIBLING_NODES sibling nodes).
+    node_budget: B, the nodes one pass may carry (its rows beyond the root; with CFG each node
+        is two rows of the forward), None (the tree knobs above) or "auto". With a budget, every
+        pass spends its B nodes where the acceptance measured so far in the run says they are
+        worth most: the main chain's length (at most `window`; "auto": at most B), the
+        candidates at each position, and the branches behind them (engine/budget.py); the tree
+        knobs are not used. "auto" also picks B every pass, up to 256, for the most tokens per
+        second on this hardware (the forward cost measured as for window="auto"; eager only).
+        sjd_pac with Proactive Drafting only.
     adaptive_continuation, proactive_drafting: switch AC and PD separately (sjd_pac only), so
         the paper's ablation SJD / +PD / +AC / +PD+AC is one flag each.
     verify: "gumbel" (the default; seed-exact: every method gives the same tokens as plain AR for
@@ -172,6 +182,7 @@ class SamplerConfig:
     tree_first_width: Optional[int] = 8
     tree_side_chain: int = 0
     tree_chain_width: int = 1
+    node_budget: Union[None, int, str] = None
     adaptive_continuation: bool = True
     proactive_drafting: bool = True
     verify: VerifyRule = "gumbel"
@@ -258,6 +269,23 @@ class SamplerConfig:
                     f"more than {MAX_TREE_NODES} nodes (the cost grows as K^(D-1)); with K = "
                     f"{self.tree_width} use D <= {max_tree_depth(self.tree_width, first_width=first)}."
                 )
+        if self.node_budget is not None:
+            if self.node_budget != "auto" and not (
+                    isinstance(self.node_budget, int) and 1 <= self.node_budget <= MAX_NODE_BUDGET):
+                raise ConfigError(
+                    f"node_budget must be None, an integer from 1 to {MAX_NODE_BUDGET} or 'auto', got "
+                    f"{self.node_budget!r}; try 128 (nodes per pass)."
+                )
+            if self.node_budget == "auto" and self.compile:
+                raise ConfigError(
+                    "node_budget='auto' picks a pass size every pass, which a compiled run cannot follow; "
+                    "give a number such as 128 with compile=True, or set compile=False."
+                )
+            if not self.use_pd:
+                raise ConfigError(
+                    "node_budget spends a pass's nodes on Proactive Drafting's tree; use method='sjd_pac' with "
+                    "proactive_drafting=True and tree_depth >= 2, or node_budget=None."
+                )
         siblings = self.tree.chain_siblings(self.window_size) if self.use_pd else 0
         if siblings > MAX_CHAIN_SIBLING_NODES:
             positions = self.window_size - len(self.tree.widths)
@@ -303,6 +331,14 @@ class SamplerConfig:
         """Nodes a full pass's PD tree adds beyond the main branch (side chains and chain siblings
         too); 0 without PD."""
         return self.tree.side_nodes(self.window_size) if self.use_pd else 0
+
+    @property
+    def pass_nodes(self) -> int:
+        """The most nodes one pass may carry beyond its root (the budget, else the window and
+        the tree's side nodes)."""
+        if self.node_budget is not None:
+            return MAX_AUTO_BUDGET if self.node_budget == "auto" else self.node_budget
+        return self.window_size + self.tree_side_nodes
 
     @property
     def use_ac(self) -> bool:
@@ -388,6 +424,12 @@ def coerced_fields(config: SamplerConfig) -> Dict[str, Any]:
             out[name] = _as_int(name, value)
         elif kind in _FLOAT_FIELDS:
             out[name] = _as_float(name, value)
+        elif name == "node_budget" and value is not None and not (isinstance(value, str) and value == "auto"):
+            if _is_bool(value) or not isinstance(value, numbers.Integral):
+                raise ConfigError(
+                    f"node_budget must be None, a whole number or 'auto', got {_kind(value)}; try 128."
+                )
+            out[name] = int(value)
         elif name == "window" and not (isinstance(value, str) and value == "auto"):
             if _is_bool(value) or not isinstance(value, numbers.Integral):
                 raise ConfigError(

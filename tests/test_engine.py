@@ -40,7 +40,8 @@ HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__",
     dict(method="ar"),
     dict(method="sjd", window=8),
     dict(method="sjd_pac", window=16, tree_width=3),
-], ids=["ar", "sjd", "sjd_pac"])
+    dict(method="sjd_pac", window=16, node_budget=24),
+], ids=["ar", "sjd", "sjd_pac", "sjd_pac_budget"])
 def test_one_host_sync_per_pass(lm, monkeypatch, verify, variant):
     """Counts every read of a tensor value on the host between two passes' callbacks. On the
     CPU every tensor is a host tensor, so this also counts reads that would not sync a GPU:

@@ -70,6 +70,7 @@ class Draft:
     window: DraftWindow
     tree: Optional[TreeDraft] = None
     kept_by_ac: int = 0  # drafts carried over unchanged from the last pass (a statistic)
+    nodes: Optional[int] = None  # pad the pass to this many nodes (a budget drafter's); None: the loop's envelope
 
     @property
     def shape(self) -> TreeShape:

@@ -172,15 +172,15 @@ def tree_layout(shape: TreeShape) -> TreeLayout:
     while children[main[-1]]:
         main.append(children[main[-1]][0])
     parents_t = torch.tensor(parents, dtype=torch.long)
-    # attend[i, j]: j is i or one of its ancestors. "Self or parent" squared k times reaches
-    # 2^k levels up: log2(depth) small matrix products, not one step per level.
-    reach = torch.eye(n)
-    reach[torch.arange(1, n), parents_t[1:]] = 1.0
-    for _ in range(max(1, max(depths)).bit_length()):
-        reach = (reach @ reach).clamp(max=1.0)
-    attend = reach > 0
+    depths_t = torch.tensor(depths, dtype=torch.long)
+    # attend[i, j]: j is i or one of its ancestors: a node's row is its parent's plus itself,
+    # filled one depth at a time (a gather per depth, not a product of n x n matrices).
+    attend = torch.eye(n, dtype=torch.bool)
+    for d in range(1, max(depths) + 1):  # the tree's depth, not its node count
+        nodes = (depths_t == d).nonzero().flatten()
+        attend[nodes] |= attend[parents_t[nodes]]
     return TreeLayout(
-        shape=shape, parents=parents_t, depths=torch.tensor(depths, dtype=torch.long),
+        shape=shape, parents=parents_t, depths=depths_t,
         candidate_index=torch.tensor(slots, dtype=torch.long), attend=attend, children=children,
         main_nodes=tuple(main), node_depths=tuple(depths), node_slots=tuple(slots),
     )

@@ -125,6 +125,11 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
                    help="candidates at every chain position past the tree (1 = off, the default; 3 adds "
                         "2 x (L - D + 1) nodes per pass and the most tokens per pass measured, for hardware "
                         "where nodes are nearly free; needs a fixed window)")
+    g.add_argument("--node-budget", default=None,
+                   help="nodes per pass (rows beyond the root; x2 with CFG): the window and tree are then "
+                        "chosen every pass from the acceptance measured in the run (replaces -D/-K/"
+                        "--tree-first-width/--side-chain/--chain-width; L caps the main chain); 'auto' also "
+                        "picks the budget from measured pass costs; 0 = off (the default)")
     g.add_argument("--no-ac", action="store_true", help="switch Adaptive Continuation off")
     g.add_argument("--no-pd", action="store_true", help="switch Proactive Drafting off")
     g.add_argument("--verify", choices=["rejection", "gumbel"], default="gumbel",
@@ -144,7 +149,7 @@ def _config_from_args(args, defaults=None):
     return config_from_settings(
         defaults, method=args.method, window=args.window, tree_depth=args.tree_depth,
         tree_width=args.tree_width, tree_side_chain=args.side_chain, tree_first_width=args.tree_first_width,
-        tree_chain_width=args.chain_width, verify=args.verify, cfg_scale=args.cfg,
+        tree_chain_width=args.chain_width, node_budget=args.node_budget, verify=args.verify, cfg_scale=args.cfg,
         temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p,
         adaptive_continuation=not args.no_ac, proactive_drafting=not args.no_pd, compile=args.compile,

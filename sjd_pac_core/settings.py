@@ -88,6 +88,7 @@ def config_from_settings(
     tree_side_chain: object = None,
     tree_first_width: object = None,
     tree_chain_width: object = None,
+    node_budget: object = None,
     verify: Optional[str] = None,
     cfg_scale: object = None,
     temperature: object = None,
@@ -122,6 +123,14 @@ def config_from_settings(
         values["tree_side_chain"] = whole_number(tree_side_chain, "side chain length", "16 (0 = off, the default)")
     if not _empty(tree_chain_width):
         values["tree_chain_width"] = whole_number(tree_chain_width, "chain width", "3 (1 = off, the default)")
+    if not _empty(node_budget):  # 0: no budget (the window and tree knobs)
+        if isinstance(node_budget, str) and node_budget.strip().lower() == "auto":
+            values["node_budget"] = "auto"
+        else:
+            budget = whole_number(node_budget, "node budget", "128 nodes per pass, 'auto', or 0 (off)")
+            if budget < 0:
+                raise ConfigError(f"node budget must be 0 (off), 'auto' or a number of nodes, got {budget}; try 128.")
+            values["node_budget"] = None if budget == 0 else budget
     if not _empty(cfg_scale):
         values["cfg_scale"] = real_number(cfg_scale, "CFG scale", "2 (1 = off)")
     if not _empty(temperature):
@@ -177,7 +186,9 @@ def settings_line(config: SamplerConfig, threads: Optional[int] = None) -> str:
     parts = [f"method {config.method}"]
     if config.method != "ar":
         parts.append(f"L {config.window}")
-    if config.use_pd:
+    if config.node_budget is not None:
+        parts.append(f"node budget {config.node_budget}")
+    elif config.use_pd:
         parts.append(f"D {config.tree_depth}, K {config.tree_width}")
     elif config.method == "sjd_pac":
         parts.append("no PD tree")

@@ -77,9 +77,13 @@ def _common_args(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_METHODS}. sjd+pd / sjd+ac are SJD-PAC with only one of its two parts; "
                         "generate / generate-static are transformers' generate with our recipe in a logits "
                         "processor; ':gumbel' / ':rejection' fixes a row's rule, ':compile' compiles it, ':d2:k4:f8' sets "
-                        "a tree's depth, width and first-level width (f0: uniform)")
+                        "a tree's depth, width and first-level width (f0: uniform), ':b128' a node budget per pass")
     p.add_argument("--rules", default=None,
                    help="run every method without its own rule under each of these (rejection,gumbel)")
+    p.add_argument("--budgets", default=None,
+                   help="node-budget axis: every sjd-pac row without its own ':bB' once per budget, nodes per "
+                        "pass (with CFG each node is two rows): e.g. none,32,64,128,256 (none: the row's own "
+                        "window and tree; auto: chosen per pass from the measured cost curve)")
     p.add_argument("--variants", default=None,
                    help=f"rule grid: these variants x --windows x --rules, plus AR (default {','.join(RULE_VARIANTS)})")
     p.add_argument("--windows", default=None,
@@ -153,8 +157,28 @@ def _grid_before_compile(args, default: str) -> List[MethodSpec]:
         if args.methods and args.methods.strip().lower() != "rules":
             raise ValueError("Give the grid either with --methods or with --variants/--windows, not both.")
         return rule_grid(variants or RULE_VARIANTS, windows or RULE_WINDOWS, rules or ("rejection", "gumbel"))
-    specs = _grid_single_or_list(args, default)
+    specs = with_budgets(_grid_single_or_list(args, default), _split(getattr(args, "budgets", None)))
     return with_rules(specs, rules) if rules else specs
+
+
+def with_budgets(specs: List[MethodSpec], budgets: List[str]) -> List[MethodSpec]:
+    """The node-budget axis: every SJD-PAC row without its own budget, once per budget of
+    `budgets` (a number of nodes per pass, auto, or none: the row as it is)."""
+    if not budgets:
+        return specs
+    values: List[object] = []
+    for text in budgets:
+        if text not in ("none", "auto") and not (text.isdigit() and int(text) >= 1):
+            raise ValueError(f"--budgets {','.join(budgets)!r}: use whole numbers of nodes per pass, auto or none, "
+                             "comma-separated (e.g. none,32,64,128,256).")
+        values.append(None if text == "none" else text if text == "auto" else int(text))
+    out: List[MethodSpec] = []
+    for spec in specs:
+        if spec.variant != "sjd-pac" or spec.node_budget is not None:
+            out.append(spec)
+        else:
+            out.extend(replace(spec, node_budget=value) for value in values)
+    return out
 
 
 def _grid_single_or_list(args, default: str) -> List[MethodSpec]:
@@ -179,6 +203,9 @@ def _base_config(model, args):
     """The settings every benchmarked method shares, through the one conversion the CLI, nodes and
     app use (top-k 0 and top-p 1 are off, --tree-first-width 0 is K at every level, --side-chain
     counts, --chain-width too); each method then sets its own method, window, rule and tree shape."""
+    if getattr(args, "node_budget", None) not in (None, "0"):
+        raise ValueError("In bench a node budget is a row's own: write --budgets 32,64,128 (every sjd-pac row "
+                         "once per budget) or a method such as sjd-pac@64:b128, not --node-budget.")
     return config_from_settings(
         model.defaults, tree_depth=args.tree_depth, tree_width=args.tree_width,
         tree_side_chain=args.side_chain, tree_first_width=args.tree_first_width, tree_chain_width=args.chain_width,

@@ -66,9 +66,10 @@ GENERATE_VARIANTS = ("generate", "generate-static")
 _RULES = ("rejection", "gumbel")
 _COMPILE = ("compile", "compiled")
 _NO_SIDE = ("noside",)  # tree_side_chain=0: the pre-side-chain tree (fewer nodes per pass)
-_TREE_MODIFIER = re.compile(r"([dkf])(\d+)")
+_TREE_MODIFIER = re.compile(r"([dkf])(\d+)|(b)(\d+|auto)")
 # modifier letter -> (MethodSpec / SamplerConfig field, label); one table for parse, key, label, config
-_TREE_KNOBS = {"d": ("tree_depth", "D"), "k": ("tree_width", "K"), "f": ("tree_first_width", "first K")}
+_TREE_KNOBS = {"d": ("tree_depth", "D"), "k": ("tree_width", "K"), "f": ("tree_first_width", "first K"),
+               "b": ("node_budget", "B")}
 
 # Issue 13's honest baselines: transformers' generate (dynamic cache; static cache; static cache +
 # torch.compile), our AR, SJD and SJD-PAC, each eager and compiled (SamplerConfig(compile=True)).
@@ -93,6 +94,7 @@ class MethodSpec:
     tree_depth: Optional[int] = None  # :dD, None = the base config's D
     tree_width: Optional[int] = None  # :kK
     tree_first_width: Optional[int] = None  # :fF (f0: the first level as wide as the others)
+    node_budget: Union[int, str, None] = None  # :bB, :bauto (nodes per pass; engine/budget.py)
 
     def _tree_knobs(self) -> List[Tuple[str, str, str, int]]:
         """(modifier letter, field, label, value) of every tree knob this row sets."""
@@ -113,7 +115,10 @@ class MethodSpec:
     def label(self) -> str:
         name = _VARIANTS[self.variant][3]
         name = name if self.window is None else f"{name} L={self.window}"
-        tree = ", ".join(f"{label}={value}" for _, _, label, value in self._tree_knobs())
+        knobs = self._tree_knobs()
+        if self.node_budget is not None:  # a budget chooses the tree: its knobs do not apply
+            knobs = [k for k in knobs if k[1] == "node_budget"]
+        tree = ", ".join(f"{label}={value}" for _, _, label, value in knobs)
         return (name + (f", {self.verify}" if self.verify else "") + (", compiled" if self.compiled else "")
                 + (", no side chains" if self.no_side_chain else "") + (f", {tree}" if tree else ""))
 
@@ -146,9 +151,10 @@ class MethodSpec:
 def parse_method(text: str) -> MethodSpec:
     """'ar', 'sjd@32', 'sjd+pd@64', 'sjd-pac@auto', 'generate', 'generate-static:compile',
     'sjd-pac@64:gumbel', 'ar:compile', 'sjd-pac@32:noside' -> MethodSpec. Modifiers after ':' are
-    a verification rule (rejection, gumbel), compile, noside (tree_side_chain=0) and a tree shape:
+    a verification rule (rejection, gumbel), compile, noside (tree_side_chain=0), a tree shape:
     dD (depth), kK (width), fF (first level's width; f0 = as wide as the others), e.g.
-    'sjd-pac@32:d2:f8'."""
+    'sjd-pac@32:d2:f8', and a node budget bB / bauto (the window L then caps the main chain),
+    e.g. 'sjd-pac@64:b128'."""
     head, *modifiers = text.strip().lower().split(":")
     name, _, window = head.partition("@")
     name = _ALIASES.get(name, name)
@@ -161,8 +167,9 @@ def parse_method(text: str) -> MethodSpec:
     tree: dict = {}
     for modifier in modifiers:
         shape = _TREE_MODIFIER.fullmatch(modifier)
-        if shape and _TREE_KNOBS[shape.group(1)][0] not in tree:
-            tree[_TREE_KNOBS[shape.group(1)][0]] = int(shape.group(2))
+        letter, value = (shape.group(1) or shape.group(3), shape.group(2) or shape.group(4)) if shape else ("", "")
+        if shape and _TREE_KNOBS[letter][0] not in tree:
+            tree[_TREE_KNOBS[letter][0]] = value if value == "auto" else int(value)
         elif modifier in _RULES and verify is None:
             verify = modifier
         elif modifier in _COMPILE and not compiled:
@@ -171,9 +178,10 @@ def parse_method(text: str) -> MethodSpec:
             no_side = True
         else:
             raise ValueError(f"Modifier {modifier!r} in {text!r}: use at most one of :rejection / :gumbel, "
-                             ":compile, :noside, and a tree shape :dD / :kK / :fF.")
+                             ":compile, :noside, a tree shape :dD / :kK / :fF and a node budget :bB / :bauto.")
     if tree and name not in ("sjd+pd", "sjd-pac"):
-        raise ValueError(f"{text!r}: a tree shape (:d / :k / :f) needs a method with a tree, sjd+pd or sjd-pac.")
+        raise ValueError(f"{text!r}: a tree shape or budget (:d / :k / :f / :b) needs a method with a tree, "
+                         "sjd+pd or sjd-pac.")
     if name == "generate" and compiled:
         raise ValueError(f"{text!r}: transformers compiles generate only with a static cache; write "
                          "generate-static:compile.")

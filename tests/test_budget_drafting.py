@@ -346,3 +346,22 @@ def test_every_pass_is_padded_to_the_budget_and_makes_one_host_sync(lm):
     assert all(r.window + r.tree_nodes <= 40 for r in passes)
     assert max(r.window for r in passes) > 8 and max(r.tree_nodes for r in passes) > 8
     assert all(r.host_syncs == 1 for r in out.stats.records)
+
+
+def test_gpu_script_times_the_budgets_tiny_on_cpu(tmp_path):
+    """benchmarks/gpu_bench.py's node-budget part runs end to end (tiny shapes, the CPU): a pass
+    of 1 + B nodes is timed and the budget drafter runs on the random 7B-shaped model's tiny twin."""
+    import json
+
+    from sjd_pac_core.bench.hardware import main as gpu_main
+
+    out = tmp_path / "gpu"
+    assert gpu_main(["--tiny", "--device", "cpu", "--out", str(out), "--max-window", "2", "--rounds", "1",
+                     "--overhead-methods", "ar", "--budgets", "4,8", "--shapes", "lumina-mgpt-tiny",
+                     "--no-demo"]) == 0
+    shape = json.loads((out / "gpu_bench.json").read_text())["shapes"][0]
+    assert list(shape["budgets"]["curve"]["ms"]) == ["1", "5", "9"]
+    rows = {r["method"]: r for r in shape["budgets"]["overhead"]}
+    assert set(rows) == {"sjd-pac@64:b4", "sjd-pac@64:b8", "sjd-pac@64:bauto"}
+    assert all(r["passes"] >= 1 for r in rows.values())
+    assert "| 8 |" in (out / "gpu_bench.md").read_text()

@@ -365,3 +365,8 @@ def test_gpu_script_times_the_budgets_tiny_on_cpu(tmp_path):
     assert set(rows) == {"sjd-pac@64:b4", "sjd-pac@64:b8", "sjd-pac@64:bauto"}
     assert all(r["passes"] >= 1 for r in rows.values())
     assert "| 8 |" in (out / "gpu_bench.md").read_text()
+
+
+def test_chain_floor():
+    assert bd.chain_floor(3.0, 256) == int(bd.CHAIN_PASSES * 3.0)
+    assert bd.chain_floor(3.0, 16) == 12  # at most three quarters of the budget

@@ -30,6 +30,8 @@ EAGLE-2's tree construction; a node's gain is
   draft Adaptive Continuation redraws there, so the next draft after it is continued from a p
   whose context holds the new token (`REFRESH_VALUE` x its chance to be reached from the main
   chain), both decaying with the position (`REFRESH_DECAY`: far positions are drafted again).
+  The main chain is at least `CHAIN_PASSES` times the tokens a pass commits (measured): a draft
+  is refined over several passes before it reaches the front.
 
 The counts come from passes already verified and the tree is chosen before its pass; the classes
 depend only on the committed tokens' passes (never on a draft's value), so no choice sees the
@@ -52,8 +54,11 @@ NEW = MAX_DISTANCE + 1  # the class of a position new to the window
 LEAF_START = NEW + 1  # the first position after a pass that ended on a side leaf (its bonus token)
 CLASSES = LEAF_START + 1
 CHAIN_VALUE = 0.1  # the refresh value of a main-chain node at position 0, in accepted drafts
-REFRESH_VALUE = 1.0  # that of a candidate beside the main chain, times its chance to be reached
+REFRESH_VALUE = 0.5  # that of a candidate beside the main chain, times its chance to be reached
 REFRESH_DECAY = 0.97  # per position
+# The main chain is at least this many times the tokens a pass commits (measured): a draft is
+# refined over several passes before it reaches the window's front.
+CHAIN_PASSES = 8.0
 # The budgets node_budget="auto" chooses among (a pass is padded to its budget).
 BUDGET_CHOICES: Tuple[int, ...] = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # up to config.MAX_AUTO_BUDGET
 
@@ -66,6 +71,12 @@ def position_classes(carried: int, window: int, after_leaf: bool) -> Tuple[int, 
     change = -2 if after_leaf else -1
     return tuple(NEW if j >= carried else LEAF_START if after_leaf and j == 0 else min(j - change, MAX_DISTANCE)
                  for j in range(window))
+
+
+def chain_floor(tokens_per_pass: float, budget: int) -> int:
+    """The main chain's least length: CHAIN_PASSES times the tokens a pass commits, at most
+    three quarters of the budget (the rest goes to candidates)."""
+    return min(int(CHAIN_PASSES * tokens_per_pass), 3 * budget // 4)
 
 
 def after_deviation(cls: int, distance: int) -> int:
@@ -156,8 +167,9 @@ class BudgetTree:
 
 def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: int, leaf_value: float = 0.0,
               chain_value: float = CHAIN_VALUE, refresh_value: float = REFRESH_VALUE,
-              refresh_decay: float = REFRESH_DECAY) -> BudgetTree:
-    """The tree of at most `budget` nodes with the largest gain (the module docstring).
+              refresh_decay: float = REFRESH_DECAY, min_chain: int = 0) -> BudgetTree:
+    """The tree of at most `budget` nodes with the largest gain (the module docstring), the main
+    chain's first `min_chain` nodes first.
 
     win: [CLASSES, slots] win probabilities (AcceptanceTable.win_probabilities); classes: the
     class of each window position there is a draft for. A node joins only after its parent, its
@@ -180,7 +192,7 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
         decay = refresh_decay ** pos
         if parent_dev < 0 and slot == 0:  # the main chain
             reach = 1.0
-            gain = chance + chain_value * decay
+            gain = chance + chain_value * decay + (2.0 if pos < min_chain else 0.0)  # the floor first
         else:
             reach = parent_reach * p_win
             gain = (1.0 + leaf_value) * chance + refresh_value * decay * reach

@@ -29,7 +29,7 @@ from ..sampling.drafting import initial_proposals
 from ..sampling.recipe import SamplingRecipe
 from ..sampling.tree import TreeShape, level_tree_shape, one_deviation_leaves, tree_layout
 from .budget import (MAX_SLOTS, AcceptanceTable, DecayedMean, after_deviation, best_tree,
-                     fastest_budget, position_classes)
+                     chain_floor, fastest_budget, position_classes)
 from .draft import Draft, DraftWindow, TreeDraft
 from .verdict import Decisions, PassOutcome, StaleRows, Verdict
 
@@ -248,6 +248,7 @@ class BudgetDrafter(PACDrafter):
         self.after_leaf = False  # the last draft's pass follows one that ended on a side leaf
         # accepted drafts of passes that followed a side-leaf end / a rejection (a decayed mean)
         self.accepted_after = {True: DecayedMean(1.0), False: DecayedMean(1.0)}
+        self.tokens_per_pass = DecayedMean(2.0)
 
     @property
     def node_budget(self) -> Optional[int]:
@@ -283,6 +284,7 @@ class BudgetDrafter(PACDrafter):
         accepted = report.decisions.accepted_child
         self.table.age()
         self.accepted_after[self.after_leaf].add(report.outcome.accepted)
+        self.tokens_per_pass.add(report.num_committed - report.start)
         deviation = -1
         for pos, node in enumerate((0,) + report.outcome.path_nodes):  # the path: a few dozen nodes
             width = len(layout.children[node])
@@ -300,7 +302,7 @@ class BudgetDrafter(PACDrafter):
         leaf_value = max(0.0, self.accepted_after[True].mean - self.accepted_after[False].mean)
         vocab = int(window.q.shape[-1])
         tree = best_tree(self.table.win_probabilities(), classes, self.budget, min(self.max_width, vocab),
-                         leaf_value=leaf_value)
+                         leaf_value=leaf_value, min_chain=chain_floor(self.tokens_per_pass.mean, self.budget))
         nodes = self.budget
         if self.cost is not None:
             nodes = fastest_budget(tree.expected, self.pass_seconds) or self.budget

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Type, Union
@@ -85,11 +84,6 @@ def load_pretrained(
     device_map = options.device_map
     if device_map is None and options.quantization is not None and device.type != "cpu":
         device_map = {"": str(device)}  # quantize on the device, as the weights arrive
-    if isinstance(options.device_map, (str, dict)) and importlib.util.find_spec("accelerate") is None:
-        raise ModelLoadError(
-            f"Spreading the model over devices (device_map={options.device_map!r}) needs accelerate, which is not "
-            f"installed; install it with `{OFFLOAD_HINT}` (or `pip install accelerate`), or load on one device."
-        )
     kwargs = dict(dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True)
     if options.quantization is not None:
         kwargs["quantization_config"] = options.quantization

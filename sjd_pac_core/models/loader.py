@@ -8,6 +8,7 @@ that says what is wrong and what to download or change.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
@@ -216,7 +217,7 @@ def load_model(
     weight. check_finite: look for NaN/inf in every weight after loading (a damaged data section
     passes every other check); None checks models of up to FINITE_CHECK_DEFAULT_LIMIT parameters.
     """
-    from .hf_common import LoadOptions
+    from .hf_common import OFFLOAD_HINT, LoadOptions
     from .memory import plan_memory
     from .quantize import check_choice, quantization_config, scheme_for
 
@@ -246,6 +247,11 @@ def load_model(
         spread = device_map is not None
         if not spread and str(device) == "auto" and dev.type == "cuda" and quantize == "none" and not plan.fits("none"):
             spread, device_map = True, "auto"  # only an "auto" device may spill onto the CPU
+        if spread and importlib.util.find_spec("accelerate") is None:
+            raise ModelLoadError(
+                f"Spreading the model over devices (device_map={device_map!r}) needs accelerate, which is not "
+                f"installed; install it with `{OFFLOAD_HINT}` (or `pip install accelerate`), or load on one device."
+            )
         precision = _choose_precision(plan, quantize, dev, spread)
         scheme = scheme_for(precision, dev)
         options = LoadOptions(

@@ -122,6 +122,10 @@ class LuminaLayoutChameleon(ChameleonForConditionalGeneration):
         return type(cls.__name__, (cls,), {"qk_rows": rows})
 
     def expand_qk_norms(self) -> None:
+        if self.qk_rows == 1:
+            # One row broadcasts over the heads in ChameleonLayerNorm (weight * x + bias): the same
+            # numbers with no copy, and an offloaded layer reloads the file's shape unchanged.
+            return
         for layer in self.model.layers:
             attn = layer.self_attn
             for norm, heads in ((attn.q_norm, attn.num_heads), (attn.k_norm, self.config.num_key_value_heads)):

@@ -39,6 +39,7 @@ class WeightCensus:
     full: int  # parameters kept in the load dtype (embeddings, norms, VQ, aligners, head rows used)
     fp32: int = 0  # parameters held in fp32 whatever the load dtype (Lumina-mGPT's VQGAN decoder)
     dropped: int = 0  # parameters read while loading, then dropped (LM head rows sampling never uses)
+    buffer_bytes: int = 0  # buffers (rotary tables, token maps) in their own dtypes
 
     @property
     def quantizable_params(self) -> int:
@@ -51,7 +52,7 @@ class WeightCensus:
         else:
             group = group_size_for(scheme, [i for _, i in self.quantizable])
             linears = sum(scheme.quantized_bytes(o, i, dtype, group) for o, i in self.quantizable)
-        return linears + self.full * size + self.fp32 * 4
+        return linears + self.full * size + self.fp32 * 4 + self.buffer_bytes
 
 
 def census(model: nn.Module, quantized_prefix: str, head: Optional[Tuple[str, int]] = None,
@@ -74,7 +75,9 @@ def census(model: nn.Module, quantized_prefix: str, head: Optional[Tuple[str, in
                 quantizable.append((int(param.shape[0]), int(param.shape[1])))
             else:
                 full += param.numel()
-    return WeightCensus(tuple(quantizable), full, extra_fp32, dropped)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    buffers += 8 * head[1] if head is not None else 0  # the kept rows' ids (long)
+    return WeightCensus(tuple(quantizable), full, extra_fp32, dropped, buffers)
 
 
 @dataclass(frozen=True)

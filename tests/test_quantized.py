@@ -276,3 +276,18 @@ def test_a_device_without_a_scheme_says_what_works(precision):
 def test_demo_model_is_not_quantized():
     with pytest.raises(sp.ModelLoadError, match="unquantized"):
         sp.load_model("demo", device="cpu", quantize="int8")
+
+
+# --- the benchmark command -------------------------------------------------------------------------
+def test_quant_bench_runs_tiny(tmp_path):
+    """The command the CPU numbers come from, on a tiny shape: its counts, not its times."""
+    import json
+
+    from sjd_pac_core.bench.quantized import main as quant_main
+
+    assert quant_main(["--tiny", "--out", str(tmp_path)]) == 0
+    rows = {r["precision"]: r for r in json.loads((tmp_path / "quant_bench.json").read_text())["rows"]}
+    assert set(rows) == {"none", "int8", "4bit"}
+    assert rows["none"]["quantized_linears"] == 0 and rows["int8"]["quantized_linears"] == 2 * 7
+    assert rows["int8"]["weight_bytes"] < rows["none"]["weight_bytes"]
+    assert all(r["sjd_pac_equals_ar"] and r["step_compression"] >= 1.0 for r in rows.values())

@@ -17,7 +17,11 @@ Three parts, written to gpu_bench.json and gpu_bench.md in --out:
    at the real context, per method, from its `PassRecord`s (wall time minus forward time).
    Random weights give near-uniform distributions, so the acceptance is not the real models';
    the per-pass cost is what this measures.
-3. **The demo rows** (`sjd-pac bench --methods baselines`: transformers' generate with dynamic /
+3. **Weight-only quantization** (bench/quantized.py) on the first shape: bf16, int8 and 4-bit
+   (torchao int8, bitsandbytes NF4 on CUDA) loaded through from_pretrained as load_model
+   quantizes them: weight bytes, memory after loading, AR and SJD-PAC time per token in
+   interleaved rounds, step compression, and whether SJD-PAC's tokens equal AR's.
+4. **The demo rows** (`sjd-pac bench --methods baselines`: transformers' generate with dynamic /
    static / static + compiled cache, our AR, SJD and SJD-PAC eager and compiled) on the device.
 
 `--tiny` shrinks every shape (hidden 64, 2 layers, short contexts, L = 1..8) so the whole
@@ -294,6 +298,8 @@ def markdown_report(result: Dict[str, object]) -> str:
             lines.append(f"\nOne token's keys and values (all layers, CFG rows): "
                          f"{shape['overhead'][0]['kv_bytes_per_token'] / 1024:.0f} KB.")
         lines.append("")
+    if result.get("quantized"):
+        lines += [result["quantized"]["markdown"], ""]
     if result.get("demo"):
         lines += ["## Demo model rows", "", result["demo"]["markdown"], ""]
     return "\n".join(lines)
@@ -319,6 +325,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--demo-prompts", type=int, default=None, help="demo prompts (default 20; tiny 1)")
     p.add_argument("--demo-seeds", default="0")
     p.add_argument("--no-demo", action="store_true")
+    p.add_argument("--quantized-shape", default=None,
+                   help="shape of the quantized rows (default: the first shape); 'none' skips them")
+    p.add_argument("--quantized-tokens", type=int, default=None, help="image tokens per quantized run (64; tiny 8)")
     p.add_argument("--out", default="runs/gpu_bench")
     args = p.parse_args(argv)
 
@@ -370,6 +379,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    quantized_shape = args.quantized_shape or names[0]
+    if quantized_shape != "none":
+        from ..models.quantize import available_precisions
+        from .quantized import markdown as quantized_markdown, quantized_rows
+
+        precisions = available_precisions(device)
+        print(f"quantized rows on {quantized_shape}: {', '.join(precisions)}", flush=True)
+        result["quantized"] = quantized_rows(table[quantized_shape], device, precisions,
+                                             tokens=args.quantized_tokens or (8 if args.tiny else 64),
+                                             rounds=1 if args.tiny else 3, window=8 if args.tiny else 32)
+        result["quantized"]["markdown"] = quantized_markdown(result["quantized"])
     if not args.no_demo:
         methods = args.demo_methods or ("ar,generate,sjd-pac@16" if args.tiny else BASELINE_METHODS)
         print(f"demo rows: {methods}", flush=True)

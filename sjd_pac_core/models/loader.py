@@ -239,10 +239,20 @@ def load_model(
         if quantize not in ("none", "auto") or device_map is not None:
             raise ModelLoadError(f"The {family} model is loaded whole and unquantized (it is small); "
                                  "use quantize='none' and no device_map.")
-        model = cls.load(folder, config, torch_dtype, dev)
+        try:
+            model = cls.load(folder, config, torch_dtype, dev)
+        except ModelLoadError as exc:
+            raise _rebuild_demo(exc) from None
         plan = None
     else:
-        shape = cls.memory_shape(config, folder)
+        try:
+            shape = cls.memory_shape(config, folder)
+        except Exception:  # noqa: BLE001 - a config the family's own checks explain better
+            shape = None
+        if shape is None:  # the family's load names what is wrong with the folder
+            cls.load(folder, config, torch_dtype, dev)
+            raise ModelLoadError(f"{folder / 'config.json'} does not describe a model sjd-pac can plan for; "
+                                 "download config.json of the checkpoint again.")
         plan = plan_memory(shape, dev, torch_dtype)
         spread = device_map is not None
         if not spread and str(device) == "auto" and dev.type == "cuda" and quantize == "none" and not plan.fits("none"):

@@ -49,7 +49,7 @@ def device_bytes(device: torch.device) -> Optional[int]:
 
 def save_random_checkpoint(shape, dtype: torch.dtype, device: torch.device, folder: Path, head_scale: float) -> type:
     """The shape's random transformers model, saved as safetensors; returns its class."""
-    from .hardware import build_random_model
+    from .shapes import build_random_model
 
     model = build_random_model(shape, dtype, device)
     with torch.no_grad():
@@ -98,7 +98,7 @@ def quantized_rows(shape, device: torch.device, precisions: Sequence[str] = PREC
     from ..engine.loop import sample_tokens
     from ..models.causal_lm import CausalLMAdapter
     from ..models.quantize import quantized_modules, weight_bytes
-    from .hardware import image_token_ids, text_vocab
+    from .shapes import image_token_ids, text_vocab
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     g = torch.Generator().manual_seed(seed)
@@ -170,7 +170,7 @@ def markdown(result: Dict[str, object]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from .hardware import CPU_SHAPES, SHAPES, TINY_SHAPES, Shape
+    from .shapes import CPU_SHAPES, SHAPES, TINY_SHAPES, Shape
 
     shapes = {**CPU_SHAPES, **SHAPES, **TINY_SHAPES,
               "llama-100m": Shape("llama-100m", "llama", 768, 2048, 12, 12, 12, 8192 + 256, 8192, 32, 256,

@@ -24,6 +24,7 @@ from typing import Dict, Iterable, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ..config import PROBE_SIZES
 from .quantize import PRECISIONS, SCHEMES, Scheme, group_size_for
 
 GB = 1e9
@@ -189,8 +190,6 @@ def largest_pass(window: int = 64, side_nodes: int = 0) -> int:
 def cache_entries(prompt_tokens: int, image_tokens: int, pass_nodes: int) -> int:
     """Entries the session preallocates: what engine/loop.py asks for (the image, the largest pass
     or the auto window's probe, one more) on top of the prompt."""
-    from ..engine.window import PROBE_SIZES
-
     return prompt_tokens + image_tokens + max(pass_nodes, max(PROBE_SIZES)) + 1
 
 

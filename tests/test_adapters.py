@@ -14,6 +14,7 @@ download, loaded through `load_model`, and checked for:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -306,6 +307,9 @@ def test_auto_device_spreads_only_when_the_plan_does_not_fit(folders, monkeypatc
         raise sp.ModelLoadError("stop here.")
 
     monkeypatch.setattr(janus_mod.JanusImageModel, "load", classmethod(fake_load))
+    real_find_spec = importlib.util.find_spec  # the decision only: accelerate counts as installed
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "accelerate" else real_find_spec(name, *a))
     monkeypatch.setattr(loader, "resolve_device", lambda device="auto": torch.device("cuda"))
     monkeypatch.setattr(loader, "resolve_dtype", lambda dtype, device: torch.float32)
     plan = sp.memory_plan(folder, dtype="fp32", device="cpu")

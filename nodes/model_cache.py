@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -21,11 +22,34 @@ from sjd_pac_core import ARImageModel
 from sjd_pac_core.models.loader import resolve_folder
 
 from . import comfy_bridge
-from .datatypes import ModelHandle
 
 log = logging.getLogger("sjd_pac.nodes")
 
 MAX_LOADED = int(os.environ.get("SJD_PAC_MAX_LOADED_MODELS", "2"))
+
+
+@dataclass(frozen=True)
+class ModelHandle:
+    """AR_IMAGE_MODEL, what the loader outputs: a reference to a model held in this cache.
+
+    ComfyUI caches node outputs, so the graph keeps this handle, not the weights: after ComfyUI
+    frees memory (our models are unloaded and dropped from the cache) `get()` loads them again.
+    """
+
+    name: str  # the loader's choice: "demo" or a folder name under models/autoregressive
+    path: str  # what load_model gets: "demo" or the folder's absolute path
+    dtype: str  # auto / bf16 / fp16 / fp32
+    device: str  # a concrete device string ("cpu", "cuda:0", ...)
+    family: str = ""
+    resolutions: Tuple[str, ...] = ()
+
+    @property
+    def key(self) -> Tuple[str, str, str]:
+        return (self.path, self.dtype, self.device)
+
+    def get(self) -> ARImageModel:
+        return get_model(self)
+
 
 _lock = threading.RLock()
 _models: "OrderedDict[Tuple[str, str, str], ARImageModel]" = OrderedDict()
@@ -75,8 +99,9 @@ def _unload(model: ARImageModel) -> None:
         log.warning("sjd-pac: unloading %s failed", getattr(model, "name", "?"), exc_info=True)
 
 
-def release_device(device: Optional[torch.device] = None, needed: float = float("inf")) -> int:
-    """Unload cached models on `device` (all devices when None); returns how many were unloaded."""
+def release_device(device: Optional[torch.device] = None) -> int:
+    """Unload the cached models on `device`'s type (every GPU when None; models on the CPU stay,
+    since ComfyUI frees GPU memory here); returns how many were unloaded."""
     released = 0
     with _lock:
         for key in list(_models):

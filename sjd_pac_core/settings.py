@@ -143,9 +143,11 @@ def config_from_settings(
             raise ConfigError(f"{label} must be 0 (K at every level) or more, got {first}; try 8.")
         values["tree_first_width"] = None if first == 0 else first
     if not _empty(tree_side_chain):
-        values["tree_side_chain"] = whole_number(tree_side_chain, LABELS["tree_side_chain"], "16 (0 = off, the default)")
+        values["tree_side_chain"] = whole_number(tree_side_chain, LABELS["tree_side_chain"],
+                                                 "16 (0 = off, the default)")
     if not _empty(tree_chain_width):
-        values["tree_chain_width"] = whole_number(tree_chain_width, LABELS["tree_chain_width"], "3 (1 = off, the default)")
+        values["tree_chain_width"] = whole_number(tree_chain_width, LABELS["tree_chain_width"],
+                                                  "3 (1 = off, the default)")
     if not _empty(cfg_scale):
         values["cfg_scale"] = real_number(cfg_scale, LABELS["cfg_scale"], "2 (1 = off)")
     if not _empty(temperature):

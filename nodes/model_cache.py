@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -53,17 +53,6 @@ class ModelHandle:
 
 _lock = threading.RLock()
 _models: "OrderedDict[Tuple[str, str, str], ARImageModel]" = OrderedDict()
-_load_count = 0  # how many times weights were read (tests check reuse with it)
-
-
-def load_count() -> int:
-    return _load_count
-
-
-def loaded_keys() -> List[Tuple[str, str, str]]:
-    with _lock:
-        return list(_models)
-
 
 def _weights_bytes(path: str) -> int:
     try:
@@ -75,7 +64,6 @@ def _weights_bytes(path: str) -> int:
 
 def get_model(handle: ModelHandle) -> ARImageModel:
     """The model for `handle`, loading it if it is not (or no longer) loaded."""
-    global _load_count
     with _lock:
         model = _models.get(handle.key)
         if model is not None:
@@ -84,7 +72,6 @@ def get_model(handle: ModelHandle) -> ARImageModel:
         comfy_bridge.install_free_memory_hook(release_device)
         comfy_bridge.free_memory_for(_weights_bytes(handle.path), handle.device)
         model = sp.load_model(handle.path, dtype=handle.dtype, device=handle.device)
-        _load_count += 1
         _models[handle.key] = model
         while len(_models) > max(1, MAX_LOADED):
             _, old = _models.popitem(last=False)

@@ -184,7 +184,6 @@ class LiveReporter:
         self.pending: List[int] = []
         self.last_preview = float("-inf")
         self.last_event = float("-inf")
-        self.previews = 0
 
     def __call__(self, progress: Progress) -> None:
         comfy_bridge.check_interrupted()  # Cancel: raises here, the sampler frees its cache
@@ -213,8 +212,6 @@ class LiveReporter:
         except Exception:  # a preview must never stop a run
             log.debug("sjd-pac: preview failed", exc_info=True)
             return None
-        if image is not None:
-            self.previews += 1
         return image
 
     def _send(self, progress: Progress, done: bool) -> None:

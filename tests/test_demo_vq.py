@@ -9,7 +9,7 @@ import torch
 
 from sjd_pac_core.demo import WEIGHTS_DIR
 from sjd_pac_core.demo import captions as C
-from sjd_pac_core.demo.captions import SLOT_NAMES, PromptError, parse_prompt, slot_caption
+from sjd_pac_core.demo.captions import SLOT_NAMES, PromptError, parse_prompt
 from sjd_pac_core.demo.tools import data as D
 from sjd_pac_core.demo.vocab import BOI, BOS, EOL, PAD, SLOT_WORDS, SPECIALS, DemoVocab
 from sjd_pac_core.demo.vq import VQConfig, VQModel
@@ -270,9 +270,17 @@ def _slot_vocab():
     return DemoVocab(words=list(C.CAPTION_WORDS) + SLOT_WORDS, prompt_format="slots")
 
 
+def _slots_of(obj) -> dict:
+    """The slots a generated object fills: "top left" is (top, left), "top" is (top, center)."""
+    words = obj.position.split()
+    vertical = next((w for w in words if w in ("top", "bottom")), "center")
+    horizontal = next((w for w in words if w in ("left", "right")), "center")
+    return {"vertical": vertical, "horizontal": horizontal, "size": obj.size, "colour": obj.color, "shape": obj.shape}
+
+
 def test_slot_prompts_have_one_length_and_round_trip_every_caption(tmp_path):
-    """The structured prompt: every caption of the generator parses into the slots and back to
-    itself, every prompt has the same length (so image token (row, column) has one absolute
+    """The structured prompt: every caption of the generator parses into the slots of the objects
+    it was drawn from, every prompt has the same length (so image token (row, column) has one absolute
     position), and the format survives vocab.json."""
     vocab = _slot_vocab()
     lengths = set()
@@ -280,7 +288,8 @@ def test_slot_prompts_have_one_length_and_round_trip_every_caption(tmp_path):
         for i in range(150):
             s = D.make_sample(0, i, split)
             parsed = parse_prompt(s.caption)
-            assert slot_caption(parsed) == s.caption and not parsed.warnings
+            assert parsed.objects == tuple(_slots_of(o) for o in s.objects) and parsed.background == s.background
+            assert not parsed.warnings
             lengths.add(len(vocab.prompt_ids(s.caption)))
     assert lengths == {len(SLOT_NAMES) + 2} and len(vocab.uncond_prompt_ids()) == len(SLOT_NAMES) + 2
     two = vocab.prompt_ids("a small red star top left and a large blue circle bottom right on a white background")

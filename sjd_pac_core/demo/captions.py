@@ -242,17 +242,6 @@ def parse_prompt(text: str) -> ParsedPrompt:
     return ParsedPrompt(tuple(objects), background, tuple(warnings))
 
 
-def slot_caption(parsed: ParsedPrompt) -> str:
-    """The parsed prompt written back in the data generator's caption grammar."""
-    specs = []
-    for o in parsed.objects:
-        v = "" if o["vertical"] == "center" else o["vertical"]
-        h = "" if o["horizontal"] == "center" else o["horizontal"]
-        pos = " ".join(x for x in (v, h) if x) or "in the center"
-        specs.append(ObjectSpec(o["shape"], o["colour"], o["size"], pos, (0.0, 0.0), 0.0))
-    return make_caption(specs, parsed.background)
-
-
 def check_prompt(prompt: str, folder: Union[str, Path]) -> None:
     """Raise PromptError for a prompt the demo model in `folder` cannot read, from its vocab.json
     alone (before any weights load). Only the structured-caption format refuses prompts; the

@@ -192,12 +192,6 @@ class DemoVocab:
         f[self.eol_positions()] = self.row_end_ids()
         return f
 
-    def image_token_mask(self) -> torch.Tensor:
-        """bool [vocab]: True for image-code ids."""
-        m = torch.zeros(self.vocab_size, dtype=torch.bool)
-        m[self.image_offset :] = True
-        return m
-
     # -- persistence -----------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {

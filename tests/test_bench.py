@@ -140,8 +140,9 @@ def test_method_grammar():
     assert parse_method("ar").config(base).method == "ar"
     assert parse_method("sjd@16").config(base).method == "sjd"
     base = base.with_(tree_side_chain=16)
-    no_side = parse_method("sjd-pac@32:noside:gumbel")
-    assert no_side.key == "sjd-pac@32:gumbel:noside" and no_side.config(base).tree_side_chain == 0
+    no_side = parse_method("sjd-pac@32:s0:gumbel")
+    assert no_side.key == "sjd-pac@32:gumbel:s0" and no_side.config(base).tree_side_chain == 0
+    assert no_side.label == "SJD-PAC L=32, gumbel, side chain=0"
     assert parse_method(no_side.key) == no_side
     shaped = parse_method("sjd-pac@32:f0:d2:k6")
     assert shaped.key == "sjd-pac@32:d2:k6:f0" and parse_method(shaped.key) == shaped
@@ -149,7 +150,7 @@ def test_method_grammar():
     c = shaped.config(SamplerConfig(tree_first_width=8))
     assert (c.tree_depth, c.tree_width, c.tree_first_width) == (2, 6, None)
     assert parse_method("sjd-pac@32:f8").config(SamplerConfig()).tree_first_width == 8
-    for bad in ("fast@3", "sjd", "ar@4", "sjd@0", "sjd@x", "sjd@4:noside:noside", "sjd@32:d2",
+    for bad in ("fast@3", "sjd", "ar@4", "sjd@0", "sjd@x", "sjd-pac@4:s0:s0", "sjd@4:s0", "sjd@32:d2",
                 "sjd-pac@32:d2:d3", "sjd-pac@32:x2"):
         with pytest.raises(ValueError):
             parse_method(bad)

@@ -68,8 +68,9 @@ def _common_args(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated grid or a preset ({', '.join(PRESETS)}, rules); default: paper = "
                         f"{DEFAULT_METHODS}. sjd+pd / sjd+ac are SJD-PAC with only one of its two parts; "
                         "generate / generate-static are transformers' generate with our recipe in a logits "
-                        "processor; ':gumbel' / ':rejection' fixes a row's rule, ':compile' compiles it, ':d2:k4:f8' sets "
-                        "a tree's depth, width and first-level width (f0: uniform)")
+                        "processor; ':gumbel' / ':rejection' fixes a row's rule, ':compile' compiles it, "
+                        "':d2:k4:f8:s16' sets a tree's depth, width, first-level width (f0: uniform) and side "
+                        "chain (s0: none)")
     p.add_argument("--rules", default=None,
                    help="run every method without its own rule under each of these (rejection,gumbel)")
     p.add_argument("--variants", default=None,

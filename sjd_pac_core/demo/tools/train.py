@@ -269,7 +269,7 @@ def main(argv=None):
                          "long as their caption)")
     ap.add_argument("--no-grid-init", action="store_true",
                     help="gpt2: keep the random position embeddings instead of the 2D sinusoidal grid")
-    ap.add_argument("--default-cfg", type=float, default=2.0,
+    ap.add_argument("--default-cfg-scale", type=float, default=2.0,
                     help="the CFG scale the weights' generation_config.json names as their sampling default")
     ap.add_argument("--default-temperature", type=float, default=0.8,
                     help="the temperature the weights' generation_config.json names as their sampling default")
@@ -464,7 +464,7 @@ def main(argv=None):
                 "intermediate": args.intermediate,
                 **extra,
             },
-            "sampling_defaults": {"cfg_scale": args.default_cfg, "temperature": args.default_temperature},
+            "sampling_defaults": {"cfg_scale": args.default_cfg_scale, "temperature": args.default_temperature},
             "vq_trained_by": vq_prev,
             "threads": args.threads,
             "wall_time_s": round(time.time() - t_wall0, 1),
@@ -481,7 +481,7 @@ def main(argv=None):
 
     def checkpoint(status, step, extra):
         model.save_pretrained(out, safe_serialization=True)
-        write_generation_defaults(out, args.default_cfg, args.default_temperature)
+        write_generation_defaults(out, args.default_cfg_scale, args.default_temperature)
         write_training_log(status, step, extra)
 
     stop = args.lm_steps if args.lm_stop_at is None else args.lm_stop_at

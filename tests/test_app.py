@@ -267,6 +267,10 @@ def test_generate_streams_updates_and_matches_the_sampler(app, app_model):
     assert min(image.size) >= 512  # the 64x64 picture, upscaled (nearest) for display
     assert Path(download).name == f"a-red-circle-top-left-on-a-blue-background_seed-0_sjd_pac.png"
     assert final["settings"]["seed"] == 0 and final["settings"]["prompt"] == PROMPT
+    from sjd_pac_core.settings import run_record
+
+    assert set(final["settings"]) == set(run_record(sp.SamplerConfig(), prompt="", seed=0))  # the one record
+    assert final["settings"]["cfg_scale"] == model.defaults.cfg_scale and final["settings"]["random_seed"] is False
     assert pass_chart.size[0] >= 400 and hist_chart.size[0] >= 400
     assert 'data-status="finished"' in stats_html and f'data-passes="{expected.forward_passes}"' in stats_html
     assert "⚠" not in message

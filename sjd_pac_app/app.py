@@ -9,22 +9,18 @@ runner.py runs a generation in a worker thread.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-# Before gradio is imported: no usage statistics, no version check, nothing leaves the machine.
-os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+import gradio as gr
 
-import gradio as gr  # noqa: E402
+import sjd_pac_core as sp
+from sjd_pac_core.settings import RECORD_PNG_KEY, pointless_setting_warnings
 
-import sjd_pac_core as sp  # noqa: E402
-from sjd_pac_core.settings import RECORD_PNG_KEY, pointless_setting_warnings  # noqa: E402
-
-from . import layout, plots  # noqa: E402
-from .runner import (  # noqa: E402
+from . import layout, plots
+from .runner import (
     DEFAULT_REPEATS,
     DEMO,
     METHOD_LABELS,
@@ -44,7 +40,7 @@ from .runner import (  # noqa: E402
     stream_generation,
     tokens_identical,
 )
-from .view import (METHODS, compare_card, compare_summary_html, hints, message_md, model_info_html,  # noqa: E402
+from .view import (METHODS, compare_card, compare_summary_html, hints, message_md, model_info_html,
                    stats_html, words_md)
 
 LOCAL_SESSION = "local"  # the session key when handlers are called without a server

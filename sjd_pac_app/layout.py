@@ -6,23 +6,17 @@ texts it shows come from view.py.
 
 from __future__ import annotations
 
-import os
+from typing import Any, Dict
 
-# Before gradio is imported: no usage statistics, no version check, nothing leaves the machine.
-os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+import gradio as gr
 
-from typing import Any, Dict  # noqa: E402
+from sjd_pac_core.config import MAX_TREE_NODES, SamplerConfig, max_tree_depth, tree_node_count
+from sjd_pac_core.demo import EXAMPLE_PROMPT
+from sjd_pac_core.settings import LABELS
 
-import gradio as gr  # noqa: E402
-
-from sjd_pac_core.config import MAX_TREE_NODES, SamplerConfig, max_tree_depth, tree_node_count  # noqa: E402
-from sjd_pac_core.demo import EXAMPLE_PROMPT  # noqa: E402
-from sjd_pac_core.settings import LABELS  # noqa: E402
-
-from . import plots  # noqa: E402
-from .runner import DEFAULT_REPEATS, canonical_spec, defaults_of, prompt_words  # noqa: E402
-from .view import (METHOD_LABELS, METHODS, compare_card, hints, message_md, model_info_html, small_images,  # noqa: E402
-                   stats_html, words_md)
+from . import plots
+from .runner import DEFAULT_REPEATS, METHOD_LABELS, canonical_spec, defaults_of, prompt_words
+from .view import METHODS, compare_card, hints, message_md, model_info_html, small_images, stats_html, words_md
 
 METHOD_CHOICES = [(METHOD_LABELS[m], m) for m in METHODS]
 VERIFY_CHOICES = [

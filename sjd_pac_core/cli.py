@@ -187,16 +187,17 @@ def _output_paths(out: Path, count: int) -> List[Path]:
 
 
 @contextlib.contextmanager
-def _transformers_bars(enabled: bool) -> Iterator[None]:
-    """transformers' progress bars on or off inside the block, as they were afterwards."""
+def _no_transformers_bars() -> Iterator[None]:
+    """transformers' progress bars (its "Loading weights" bar) off inside the block, as they were after."""
     from transformers.utils import logging as transformers_logging
 
     was = transformers_logging.is_progress_bar_enabled()
-    (transformers_logging.enable_progress_bar if enabled else transformers_logging.disable_progress_bar)()
+    transformers_logging.disable_progress_bar()
     try:
         yield
     finally:
-        (transformers_logging.enable_progress_bar if was else transformers_logging.disable_progress_bar)()
+        if was:
+            transformers_logging.enable_progress_bar()
 
 
 def _generate(args) -> int:
@@ -207,7 +208,7 @@ def _generate(args) -> int:
     from .settings import pointless_setting_warnings, run_record, settings_line
     from .threads import threads_for, torch_threads
 
-    with _transformers_bars(enabled=not args.quiet):  # its "Loading weights" bar
+    with _no_transformers_bars() if args.quiet else contextlib.nullcontext():
         model = sp.load_model(args.model, dtype=args.dtype, device=args.device)
     config = _config_from_args(args, model.defaults)
     encoding_tokens = model.encode_prompt(args.prompt, args.negative_prompt, args.resolution).layout.num_tokens
@@ -221,7 +222,7 @@ def _generate(args) -> int:
     threads = args.threads if args.threads else threads_for(model)
     with warnings.catch_warnings(), torch_threads(threads) as threads_used:  # restores showwarning
         warnings.simplefilter("always")
-        warnings.showwarning = lambda message, *args, **kwargs: print(f"warning: {message}", file=sys.stderr)
+        warnings.showwarning = lambda message, *_, **__: print(f"warning: {message}", file=sys.stderr)
         for message in pointless_setting_warnings(config):
             warnings.warn(message)
         result = sp.generate_image(model, args.prompt, config=config, seed=args.seed,

@@ -58,6 +58,7 @@ EXTRAS = set(PYPROJECT["project"].get("optional-dependencies", {}))
 REPOSITORY = PYPROJECT["project"]["urls"]["Repository"]
 PACKAGES = ("sjd_pac_core", "sjd_pac_app", "nodes")
 RUN_MARKER = "<!-- doc-test: run -->"
+FILE_SUFFIXES = {"py", "md", "json", "jsonl", "txt", "png", "jpg", "js", "yaml", "toml", "ckpt", "safetensors"}
 
 # Programs a doc may name without a check of their arguments (a user's shell, not ours).
 PLAIN_PROGRAMS = {"cd", "export", "source", ".", "echo", "ln", "ssh", "apt-get", "sudo", "ls", "mkdir"}
@@ -578,6 +579,50 @@ def defined_test_names() -> set:
     return names
 
 
+@functools.lru_cache(maxsize=None)
+def code_index() -> Tuple[Dict[str, str], Dict[str, str]]:
+    """Our classes (name -> module) and our modules by their unique last name (loop -> module)."""
+    classes: Dict[str, List[str]] = {}
+    modules: Dict[str, List[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            dotted = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            dotted = dotted.removesuffix(".__init__")
+            modules.setdefault(path.parent.name if path.stem == "__init__" else path.stem, []).append(dotted)
+            for name in re.findall(r"^class (\w+)", path.read_text(encoding="utf-8"), re.MULTILINE):
+                classes.setdefault(name, []).append(dotted)
+    variable_like = {"model", "config", "state", "stats", "__main__"}
+    unique = lambda index, skip=(): {k: v[0] for k, v in index.items() if len(v) == 1 and k not in skip}
+    return unique(classes), unique(modules, variable_like)
+
+
+def member_names(obj: object) -> set:
+    names = set(dir(obj))
+    for klass in getattr(obj, "__mro__", ()):
+        names |= set(getattr(klass, "__annotations__", {}))  # dataclass fields without defaults
+    return names
+
+
+def qualified_name_problem(text: str) -> Optional[str]:
+    """`RunStats.step_compression`, `sp.SamplerConfig.from_mapping`, `drafters.make_drafter`,
+    `Verdict.decisions()`: the owner is one of our classes or modules, and it has the members."""
+    parts = text.removeprefix("sp.").removesuffix("()").split(".")
+    if len(parts) < 2 or not all(p.isidentifier() for p in parts) or parts[-1] in FILE_SUFFIXES:
+        return None
+    classes, modules = code_index()
+    if parts[0] in classes:
+        obj = getattr(importlib.import_module(classes[parts[0]]), parts[0], None)
+    elif parts[0] in modules:
+        obj = importlib.import_module(modules[parts[0]])
+    else:
+        return None  # not ours (a transformers class, a variable)
+    for attr in parts[1:]:
+        if obj is None or attr not in member_names(obj):
+            return f"{'.'.join(parts[:parts.index(attr)])} has no member {attr}"
+        obj = getattr(obj, attr, None)
+    return None
+
+
 COMMAND_SPAN = re.compile(r"(sjd-pac(-app)?( |$)|python3? (-m |[\w/]+\.py)|hf |pytest )")
 
 
@@ -589,6 +634,9 @@ def check_span(span: Span) -> List[str]:
     if re.fullmatch(r"(sjd_pac_core|sjd_pac_app)(\.\w+)+", text):
         problem = dotted_name_problem(text)
         return [f"{where}: `{text}`: {problem}"] if problem else []
+    problem = qualified_name_problem(text)
+    if problem:
+        return [f"{where}: `{text}`: {problem}"]
     if re.fullmatch(r"test_\w+", text) and text not in defined_test_names():
         return [f"{where}: `{text}` is not a test in tests/"]
     if " " not in text:
@@ -744,6 +792,8 @@ def problems_of(markdown: str, tmp_path: Path) -> List[str]:
     ("See `sjd_pac_core.bench.plots.no_such_function`.\n", "has no name no_such_function"),
     ("See `sjd_pac_core/engine/no_such.py`.\n", "sjd_pac_core/engine/no_such.py does not exist"),
     ("See `test_no_such_test_anywhere`.\n", "is not a test"),
+    ("See `RunStats.no_such_field` and `TreeShape.from_pathz`.\n", "RunStats has no member no_such_field"),
+    ("See `drafters.make_drafterz`.\n", "drafters has no member make_drafterz"),
     ("See [the models](models.md#no-such-heading).\n", "has no heading #no-such-heading"),
     ("See [x](no_such_file.md).\n", "points at nothing"),
     ("Use `--no-such-flag-anywhere`.\n", "--no-such-flag-anywhere is not an option"),

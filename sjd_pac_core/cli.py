@@ -19,7 +19,7 @@ from typing import List, Optional
 # Only light modules at import time: config and settings import neither torch nor transformers.
 from .config import ConfigError
 from .demo import EXAMPLE_PROMPT
-from .images import MAX_UPSCALE, UPSCALE_FILTERS
+from .images import MAX_UPSCALE, UPSCALE_FILTERS, png_bytes
 from .settings import config_from_settings, resolve_seed, window_value
 
 DEVICE_NAMES = "auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps"
@@ -161,19 +161,10 @@ def validate_generate_args(args: argparse.Namespace) -> None:
     args.output = str(check_image_path(args.output))
 
 
-PNG_SETTINGS_KEY = "sjd_pac"  # the same text chunk the ComfyUI nodes write
-
-
 def save_with_settings(image, path: Path, record: dict) -> None:
     """Save `image`; a PNG also carries the run's settings (prompt, seed, every knob) as JSON text."""
     if path.suffix.lower() == ".png":
-        import json
-
-        from PIL.PngImagePlugin import PngInfo
-
-        info = PngInfo()
-        info.add_text(PNG_SETTINGS_KEY, json.dumps(record))
-        image.save(path, pnginfo=info)
+        path.write_bytes(png_bytes(image, record))
     else:
         image.save(path)
 

@@ -6,11 +6,15 @@ the token grid's sharp pixels; Lanczos smooths them.
 
 from __future__ import annotations
 
+import io
+import json
+
 from PIL import Image
 
 UPSCALE_FILTERS = ("nearest", "lanczos")
 MAX_UPSCALE = 16
 MAX_UPSCALED_SIDE = 8192  # pixels on the long side; beyond this a PNG of one image is hundreds of MB
+PNG_SETTINGS_KEY = "sjd_pac"  # the PNG text chunk with the run's settings (the ComfyUI nodes write the same)
 
 
 def upscale_factor_for(width: int, height: int, min_long_side: int) -> int:
@@ -34,3 +38,14 @@ def upscale(image: Image.Image, factor: int, method: str = "nearest") -> Image.I
         return image
     resample = Image.Resampling.NEAREST if method == "nearest" else Image.Resampling.LANCZOS
     return image.resize((image.width * factor, image.height * factor), resample=resample)
+
+
+def png_bytes(image: Image.Image, record: dict) -> bytes:
+    """`image` as PNG bytes whose PNG_SETTINGS_KEY text chunk holds `record` as JSON."""
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text(PNG_SETTINGS_KEY, json.dumps(record))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", pnginfo=info)
+    return buffer.getvalue()

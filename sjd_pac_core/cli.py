@@ -1,4 +1,4 @@
-"""Command line: `sjd-pac generate` (one image) and `sjd-pac bench` (the benchmark).
+"""Command line: `sjd-pac generate` (one image), `sjd-pac batch` (many) and `sjd-pac bench` (the benchmark).
 
 Every argument, the output path included, is parsed and checked before torch is imported or a
 model is loaded: `--help` and a mistyped flag answer at once, and a run never fails at its end
@@ -241,6 +241,10 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     gen.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_sampler_args(gen)
     gen.set_defaults(func=_generate, validate=validate_generate_args)
+
+    from .batch.cli import add_batch_parser  # light, like generate: its checks run before torch
+
+    add_batch_parser(sub, check_writable_folder, check_device)
 
     # The benchmark's parser imports torch: build it only when its command is asked for, so that
     # `sjd-pac --help` and `sjd-pac generate` start without it.

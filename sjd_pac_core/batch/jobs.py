@@ -111,7 +111,8 @@ def _looks_like_jsonl(path: Path, lines: Sequence[str]) -> bool:
 
 def _seed_value(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise BatchInputError(f"{where}: seed must be a whole number 0 or more, got {value!r}; e.g. \"seed\": 0.")
+        raise BatchInputError(f"{where}: seed must be a whole number 0 or more, got {value!r}; write \"seed\": 0 "
+                              "or another whole number.")
     return value
 
 
@@ -120,8 +121,8 @@ def _json_line(text: str, number: int, where: str) -> InputLine:
         item = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BatchInputError(
-            f"{where} is not valid JSON ({exc.msg} at column {exc.colno}); fix or delete the line, "
-            "e.g. {\"prompt\": \"a red circle\", \"seed\": 0}.") from None
+            f"{where} is not valid JSON ({exc.msg} at column {exc.colno}); fix or delete the line (each line is "
+            "one object such as {\"prompt\": \"a red circle\", \"seed\": 0}).") from None
     if not isinstance(item, dict):
         raise BatchInputError(f"{where} holds a {type(item).__name__}, not a JSON object; write "
                               "{\"prompt\": \"...\"} with optional seed, negative_prompt, resolution and settings.")
@@ -135,7 +136,8 @@ def _json_line(text: str, number: int, where: str) -> InputLine:
     negative = item.get("negative_prompt") or ""
     resolution = item.get("resolution")
     if not isinstance(negative, str) or not (resolution is None or isinstance(resolution, str)):
-        raise BatchInputError(f"{where}: negative_prompt and resolution must be text, e.g. \"resolution\": \"768x768\".")
+        raise BatchInputError(f"{where}: negative_prompt and resolution must be text, such as "
+                              "\"resolution\": \"768x768\".")
     seed = None if item.get("seed") is None else _seed_value(item["seed"], where)
     settings = {key: value for key, value in item.items() if key in SETTING_KEYS and value is not None}
     return InputLine(number, prompt.strip(), seed, negative, resolution or None, settings)
@@ -186,7 +188,8 @@ def _checked_resolution(line: InputLine, defaults, where: str) -> str:
     resolutions = getattr(defaults, "resolutions", None) or ()
     resolution = line.resolution or (resolutions[0] if resolutions else "")
     if resolutions and resolution not in resolutions:
-        raise BatchInputError(f"{where}: this model does not draw {resolution}; choose one of {', '.join(resolutions)}.")
+        raise BatchInputError(f"{where}: this model does not draw {resolution}; choose one of "
+                              f"{', '.join(resolutions)}.")
     return resolution
 
 

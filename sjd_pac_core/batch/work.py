@@ -7,7 +7,6 @@ the sampler draws from its own generator, so a job gives the same tokens on any 
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from collections import Counter
@@ -42,14 +41,12 @@ class JobOutput:
     png: bytes  # the picture, its run record in the PNG's text chunk
 
 
-def cpu_threads(model: ARImageModel, spec: ModelSpec, workers_per_machine: int = 1) -> Optional[int]:
-    """Torch threads for a CPU run: --threads, else 1 for small models (threads.py), else this
-    machine's cores shared among its workers. None on a GPU (torch's setting is kept)."""
+def cpu_threads(model: ARImageModel, spec: ModelSpec, cores: Optional[int] = None) -> Optional[int]:
+    """Torch threads for a CPU run: --threads, else 1 for small models (threads.py), else the
+    `cores` this worker may use (None: torch's own setting). None on a GPU (torch's is kept)."""
     if model.device.type != "cpu":
         return None
-    if spec.threads:
-        return spec.threads
-    return threads_for(model) or max(1, (os.cpu_count() or 1) // max(1, workers_per_machine))
+    return spec.threads or threads_for(model) or cores
 
 
 def load_for_jobs(spec: ModelSpec) -> Tuple[ARImageModel, ModelInfo]:

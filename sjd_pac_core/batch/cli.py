@@ -99,6 +99,10 @@ def _batch(args) -> int:
         model=ModelSpec(_model_path(args.model), dtype=args.dtype, device=args.device, threads=args.threads),
         workers=args.workers or 0, ray_address=args.ray_address, progress=not args.quiet,
         source=Path(args.input).name)
+    if args.quiet:  # transformers' weight-loading bar too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     try:
         report = run_batch(options)
     except KeyboardInterrupt:

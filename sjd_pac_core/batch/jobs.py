@@ -1,9 +1,9 @@
 """The job list: INPUT lines x seeds x methods -> typed Jobs with stable ids (no torch here).
 
-INPUT is a text file (one prompt per line; blank lines and lines starting with '#' are skipped)
-or a JSONL file (one JSON object per line: "prompt", optional "seed", "negative_prompt",
-"resolution" and any SamplerConfig field by its name, with the CLI's conventions: null takes
-the model's default, top_k 0 and top_p 1 are off, window may be "auto").
+INPUT is a text file (one prompt per line) or a JSONL file (one JSON object per line: "prompt",
+optional "seed", "negative_prompt", "resolution" and any SamplerConfig field by its name, with
+the CLI's conventions: null takes the model's default, top_k 0 and top_p 1 are off, window may
+be "auto"). In both, blank lines and lines starting with '#' are skipped.
 
 A job's id is a hash of everything that decides its picture: the model (name and dtype), the
 prompt, negative prompt, resolution, seed and the full SamplerConfig after the one settings
@@ -160,7 +160,7 @@ def read_input(path: Union[str, Path]) -> List[InputLine]:
     lines: List[InputLine] = []
     for number, line in enumerate(raw, start=1):
         stripped = line.strip()
-        if not stripped or (not jsonl and stripped.startswith("#")):
+        if not stripped or stripped.startswith("#"):
             continue
         where = f"{path.name} line {number}"
         lines.append(_json_line(stripped, number, where) if jsonl else InputLine(number, stripped))

@@ -212,12 +212,12 @@ def test_ctrl_c_then_rerun_redoes_nothing_finished(tmp_path):
     source = write(tmp_path / "p.txt", "\n".join(PROMPTS[:2]) + "\n")
     out = tmp_path / "out"
     command = [sys.executable, "-m", "sjd_pac_core.cli", "batch", str(source), "--out", str(out),
-               "--methods", "sjd-pac@32", "--seeds", "0-2", "--quiet"]
+               "--methods", "sjd-pac@32", "--seeds", "0-1", "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and run.poll() is None:
-        if (out / "results.jsonl").is_file() and (out / "results.jsonl").read_text().count("\n") >= 2:
+        if (out / "results.jsonl").is_file() and (out / "results.jsonl").read_text().count("\n") >= 1:
             break
         time.sleep(0.2)
     run.send_signal(signal.SIGINT)
@@ -225,15 +225,15 @@ def test_ctrl_c_then_rerun_redoes_nothing_finished(tmp_path):
     assert run.returncode == 130, stdout + stderr
     assert "rerun the same command to continue" in stdout
     before = results(out)
-    assert 2 <= len(before) < 6
+    assert 1 <= len(before) < 4
     kept = {line["id"]: (out / line["image"]).stat().st_mtime_ns for line in before}
     text_before = (out / "results.jsonl").read_text()
 
     finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout + finished.stderr
-    assert f"{6 - len(before)} done now, {len(before)} done before" in finished.stdout
+    assert f"{4 - len(before)} done now, {len(before)} done before" in finished.stdout
     after = results(out)
-    assert len(after) == 6 and len({line["id"] for line in after}) == 6  # every job exactly once
+    assert len(after) == 4 and len({line["id"] for line in after}) == 4  # every job exactly once
     assert (out / "results.jsonl").read_text().startswith(text_before)  # finished lines untouched
     assert {i: (out / f"images/{i}.png").stat().st_mtime_ns for i in kept} == kept  # PNGs not rewritten
-    assert len(list((out / "images").glob("*.png"))) == 6
+    assert len(list((out / "images").glob("*.png"))) == 4

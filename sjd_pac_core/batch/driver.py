@@ -68,6 +68,7 @@ def run_batch(options: BatchOptions, on_result: Optional[Callable[[Outcome], Non
     from tqdm import tqdm
 
     out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
     store = ResultStore(out)
     with FolderLock(out):
         store.load()

@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, replace
 from typing import Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayError, RayTaskError
 
 from .jobs import Job, ModelInfo
 from .runners import Outcome, Say
@@ -30,6 +31,7 @@ from .work import JobOutput, ModelSpec
 MAX_ATTEMPTS = 3  # a job whose worker died this often is reported, not retried (it may be what kills them)
 MAX_RESTARTS = 2  # Ray restarts a dead worker this often (each restart loads the model again)
 WAIT_NOTICE_S = 60  # say what the cluster lacks when no worker has started after this long
+MAX_UNAVAILABLE, UNAVAILABLE_WAIT_S = 40, 0.5  # a dead worker has 20 s to be marked restarting
 
 
 class WorkersUnavailable(ValueError):
@@ -48,6 +50,8 @@ class WorkerState:
 
     @property
     def name(self) -> str:
+        if not self.pid:  # it never answered
+            return f"worker {self.index}"
         return f"worker {self.index} ({self.host}, pid {self.pid}{', ' + self.device if self.device else ''})"
 
 
@@ -100,6 +104,10 @@ class RayRunner:
         self.description = ""
         self._started_ray = False
         self._probes: Dict[object, int] = {}  # describe() calls of workers not yet serving
+        self._last: Dict[int, WorkerState] = {}  # each worker's last known state, for messages
+        self._unavailable: Counter = Counter()  # describe() calls refused while Ray restarts a worker
+        self._ask_again: Dict[int, float] = {}  # such workers: when to call describe() again
+        self._dead: set = set()  # workers that died during the batch
 
     # --- start -----------------------------------------------------------------------------------
     def _init_ray(self) -> None:
@@ -132,17 +140,20 @@ class RayRunner:
         options, spec, cpus = self._actor_options()
         remote = ray.remote(BatchWorker)
         self.actors = [remote.options(**options).remote(i, spec, cpus) for i in range(self.workers)]
-        self._probes = {actor.describe.remote(): i for i, actor in enumerate(self.actors)}
-        waited = 0
+        self._last = {i: WorkerState(i, "", 0) for i in range(self.workers)}
+        for index in range(self.workers):
+            self._probe(index)
+        started = notice = time.monotonic()
         while not self.states:
-            if not self._probes:
+            if not self._probes and not self._ask_again:
                 raise WorkersUnavailable("no worker could load the model: " + "; ".join(self.lost_workers))
-            ready, _ = ray.wait(list(self._probes), num_returns=1, timeout=WAIT_NOTICE_S)
-            if not ready:
-                waited += WAIT_NOTICE_S
-                self.say(f"no worker has started after {waited} s; Ray has {ray.available_resources()} free")
-                continue
-            self._take_probe(ready[0])
+            ref = self._next_ready([], timeout=WAIT_NOTICE_S)
+            if ref is not None:
+                self._take_probe(ref)
+            elif time.monotonic() - notice >= WAIT_NOTICE_S:
+                notice = time.monotonic()
+                self.say(f"no worker has started after {notice - started:.0f} s; Ray has "
+                         f"{ray.available_resources()} free")
         first = next(iter(self.states.values()))
         threads = f"{first.threads} torch thread{'s' if first.threads != 1 else ''} each"
         kind = "GPU" if first.device.startswith("cuda") else f"CPU ({threads})"
@@ -150,19 +161,47 @@ class RayRunner:
         self.description = f"on {self.workers} {kind} worker{'s' if self.workers != 1 else ''} of {where}"
         return first.info
 
+    def _probe(self, index: int) -> None:
+        self._probes[self.actors[index].describe.remote()] = index
+
+    def _next_ready(self, refs: list, timeout: Optional[float] = None):
+        """The first of `refs` and the workers' describe() calls to finish, or None after `timeout` s
+        or when a worker is due to be asked again (see _take_probe)."""
+        now = time.monotonic()
+        for index, due in list(self._ask_again.items()):
+            if due <= now:
+                del self._ask_again[index]
+                self._probe(index)
+        if self._ask_again:
+            soonest = max(0.0, min(self._ask_again.values()) - now)
+            timeout = soonest if timeout is None else min(timeout, soonest)
+        waiting = list(refs) + list(self._probes)
+        if not waiting:
+            time.sleep(timeout or 0.0)
+            return None
+        ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout)
+        return ready[0] if ready else None
+
     def _take_probe(self, ref) -> Optional[int]:
-        """A worker's describe() answered: it serves (its index) or is lost (None, said)."""
+        """A worker's describe() answered: its index if it serves, else None (lost and said, or asked again)."""
         index = self._probes.pop(ref)
         try:
             state = ray.get(ref)
+        except ActorUnavailableError:  # between its death and Ray's restart: ask again shortly
+            self._unavailable[index] += 1
+            if self._unavailable[index] <= MAX_UNAVAILABLE:
+                self._ask_again[index] = time.monotonic() + UNAVAILABLE_WAIT_S
+                return None
+            state = replace(self._last[index], error="its process died and Ray did not restart it")
         except RayError as exc:
             reason = _cause(exc) if isinstance(exc, RayTaskError) else f"its process died ({type(exc).__name__})"
-            state = WorkerState(index, "?", 0, error=reason)
+            state = replace(self._last[index], error=reason)
+        self._last[index] = state
         if state.error is not None:
             self.lost_workers.append(f"{state.name} could not load the model: {state.error}")
             self.say(self.lost_workers[-1])
-            self.states.pop(index, None)
             return None
+        self._unavailable[index] = 0
         self.states[index] = state
         return index
 
@@ -180,12 +219,13 @@ class RayRunner:
 
         while pending or inflight:
             hand_out()
-            if not inflight and not self._probes:  # every worker is gone
+            if not inflight and not self._probes and not self._ask_again:  # every worker is gone
                 for job in pending:
                     yield Outcome(job, error="no worker left to run it (see the lost workers above)")
-                return
-            ready, _ = ray.wait(list(inflight) + list(self._probes), num_returns=1)
-            ref = ready[0]
+                break
+            ref = self._next_ready(list(inflight))
+            if ref is None:
+                continue
             if ref in self._probes:
                 index = self._take_probe(ref)
                 if index is not None:
@@ -196,10 +236,12 @@ class RayRunner:
                 outcome = Outcome(job, ray.get(ref))
             except RayTaskError as exc:  # the job itself failed; its worker is fine
                 outcome = Outcome(job, error=_cause(exc))
-            except (RayError, GetTimeoutError) as exc:  # the worker died under the job
+            except RayError as exc:  # the worker died under the job
                 attempts[job.id] += 1
-                name = self.states.pop(index).name if index in self.states else f"worker {index}"
-                self._probes[self.actors[index].describe.remote()] = index  # answers once Ray restarted it
+                name = self._last[index].name
+                self.states.pop(index, None)
+                self._dead.add(index)
+                self._probe(index)  # answers once Ray has restarted it (and it has loaded the model)
                 if attempts[job.id] >= MAX_ATTEMPTS:
                     yield Outcome(job, error=f"{attempts[job.id]} workers died running it (last {name}: "
                                              f"{type(exc).__name__})")
@@ -211,6 +253,18 @@ class RayRunner:
             free.append(index)
             hand_out()  # the next job starts before the driver writes this one
             yield outcome
+        self._settle_probes()
+
+    def _settle_probes(self) -> None:
+        """At the end: say what became of workers that died and were still coming back."""
+        if self._probes:
+            ready, _ = ray.wait(list(self._probes), num_returns=len(self._probes), timeout=0)
+            for ref in ready:
+                self._take_probe(ref)
+        for index in sorted(set(self._probes.values()) | set(self._ask_again)):
+            if index in self._dead:
+                self.lost_workers.append(f"{self._last[index].name} died during the batch and was still "
+                                         "restarting when the last job finished.")
 
     def close(self) -> None:
         for actor in self.actors:

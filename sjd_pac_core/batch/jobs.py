@@ -18,12 +18,15 @@ import inspect
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..bench.methods import RECIPE_FIELDS as SAMPLING_RECIPE_FIELDS
 from ..bench.methods import MethodSpec, method_key
 from ..config import ConfigError, SamplerConfig
 from ..settings import config_from_settings, switch
+
+if TYPE_CHECKING:  # no torch here: the CLI reads INPUT before importing it
+    from ..models.image_model import FamilyDefaults
 
 JOB_KEYS = ("prompt", "seed", "negative_prompt", "resolution")
 SETTING_KEYS = tuple(f.name for f in fields(SamplerConfig))
@@ -59,7 +62,7 @@ class ModelInfo:
     name: str  # the folder's name, or "demo"
     family: str
     dtype: str  # as loaded, e.g. "torch.float32"
-    defaults: object  # FamilyDefaults: the family's settings and resolutions
+    defaults: "FamilyDefaults"  # the family's settings and resolutions
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,7 @@ def read_input(path: Union[str, Path]) -> List[InputLine]:
 # --- lines x seeds x methods -> jobs ----------------------------------------------------------------
 
 
-def line_config(defaults, settings: Mapping[str, object]) -> SamplerConfig:
+def line_config(defaults: "FamilyDefaults", settings: Mapping[str, object]) -> SamplerConfig:
     """A line's SamplerConfig: its settings through the one conversion, over the model's defaults."""
     values = {key: (switch(value, key) if key in _SWITCHES else value) for key, value in settings.items()}
     direct = {key: value for key, value in values.items() if key not in _CONVERTED}
@@ -184,7 +187,7 @@ def line_config(defaults, settings: Mapping[str, object]) -> SamplerConfig:
     return config
 
 
-def _checked_resolution(line: InputLine, defaults, where: str) -> str:
+def _checked_resolution(line: InputLine, defaults: "FamilyDefaults", where: str) -> str:
     resolutions = getattr(defaults, "resolutions", None) or ()
     resolution = line.resolution or (resolutions[0] if resolutions else "")
     if resolutions and resolution not in resolutions:
@@ -220,7 +223,10 @@ def plan_jobs(lines: Sequence[InputLine], model: ModelInfo, seeds: Optional[Sequ
         resolution = _checked_resolution(line, model.defaults, where)
         for seed in [line.seed] if line.seed is not None else list(seeds or [0]):
             for spec in methods or [None]:
-                config = base if spec is None else spec.config(base)
+                try:
+                    config = base if spec is None else spec.config(base)
+                except ConfigError as exc:
+                    raise BatchInputError(f"{where} with --methods {spec.key}: {exc}") from None
                 if spec is not None:
                     conflict = _method_conflict(line, base, config, spec)
                     if conflict:

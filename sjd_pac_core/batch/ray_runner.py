@@ -108,6 +108,7 @@ class RayRunner:
         self._unavailable: Counter = Counter()  # describe() calls refused while Ray restarts a worker
         self._ask_again: Dict[int, float] = {}  # such workers: when to call describe() again
         self._dead: set = set()  # workers that died during the batch
+        self._load_errors: List[Tuple[str, str]] = []  # (worker, why its model did not load)
 
     # --- start -----------------------------------------------------------------------------------
     def _init_ray(self) -> None:
@@ -146,7 +147,7 @@ class RayRunner:
         started = notice = time.monotonic()
         while not self.states:
             if not self._probes and not self._ask_again:
-                raise WorkersUnavailable("no worker could load the model: " + "; ".join(self.lost_workers))
+                raise WorkersUnavailable(self._none_loaded())
             ref = self._next_ready([], timeout=WAIT_NOTICE_S)
             if ref is not None:
                 self._take_probe(ref)
@@ -160,6 +161,14 @@ class RayRunner:
         where = f"the Ray cluster at {self.address}" if self.address else "a local Ray"
         self.description = f"on {self.workers} {kind} worker{'s' if self.workers != 1 else ''} of {where}"
         return first.info
+
+    def _none_loaded(self) -> str:
+        """One sentence for a run where no worker loaded the model: the workers, grouped by reason."""
+        reasons: Dict[str, List[str]] = {}
+        for name, reason in self._load_errors:
+            reasons.setdefault(reason, []).append(name)
+        return "no worker could load the model: " + "; ".join(
+            f"{', '.join(names)}: {reason}" for reason, names in reasons.items()) + "."
 
     def _probe(self, index: int) -> None:
         self._probes[self.actors[index].describe.remote()] = index
@@ -198,7 +207,8 @@ class RayRunner:
             state = replace(self._last[index], error=reason)
         self._last[index] = state
         if state.error is not None:
-            self.lost_workers.append(f"{state.name} could not load the model: {state.error}")
+            self._load_errors.append((state.name, state.error.rstrip(".")))
+            self.lost_workers.append(f"{state.name} could not load the model: {state.error.rstrip('.')}.")
             self.say(self.lost_workers[-1])
             return None
         self._unavailable[index] = 0

@@ -28,10 +28,12 @@ class ModelHandle:
     device: str  # a concrete device string ("cpu", "cuda:0", ...)
     family: str = ""
     resolutions: Tuple[str, ...] = ()
+    quantize: str = "none"  # none / int8 / 4bit / auto (weight-only)
+    memory: str = ""  # the loaded model's memory plan, one line
 
     @property
-    def key(self) -> Tuple[str, str, str]:
-        return (self.path, self.dtype, self.device)
+    def key(self) -> Tuple[str, ...]:
+        return (self.path, self.dtype, self.device, self.quantize)
 
     def get(self) -> ARImageModel:
         from . import model_cache

@@ -14,6 +14,7 @@ from .datatypes import AR_IMAGE_MODEL, ModelHandle
 
 DTYPES = ["auto", "bf16", "fp16", "fp32"]
 DEVICES = ["auto", "gpu", "cpu"]
+QUANTIZE = ["none", "int8", "4bit", "auto"]
 
 
 def model_choices() -> List[str]:
@@ -88,7 +89,15 @@ class LoadARImageModel:
                     "tooltip": "Where the model runs: auto follows ComfyUI (the CPU when started with --cpu); "
                                "gpu insists on a GPU; cpu is slow for the large models.",
                 }),
-            }
+            },
+            "optional": {
+                "quantize": (QUANTIZE, {
+                    "default": "none",
+                    "tooltip": "Weight-only quantization of the transformer layers (sampling stays exact): int8 "
+                               "halves the weights, 4bit quarters them on a GPU; auto picks the most precise that "
+                               "fits. Needs torchao (and bitsandbytes for 4bit on a GPU).",
+                }),
+            },
         }
 
     @classmethod
@@ -98,11 +107,12 @@ class LoadARImageModel:
             return _missing_model_message(model)
         return True
 
-    def load(self, model: str, dtype: str, device: str) -> Tuple[ModelHandle]:
+    def load(self, model: str, dtype: str, device: str, quantize: str = "none") -> Tuple[ModelHandle]:
         path = resolve_choice(model)
         dev = comfy_bridge.choose_device(device)
         if dev == "auto":
             dev = str(resolve_device("auto"))
-        handle = ModelHandle(name=model, path=path, dtype=dtype, device=dev)
+        handle = ModelHandle(name=model, path=path, dtype=dtype, device=dev, quantize=quantize)
         ar = handle.get()
-        return (replace(handle, family=ar.family, resolutions=tuple(ar.defaults.resolutions)),)
+        plan = ar.memory_plan.one_line(ar.quantize) if ar.memory_plan is not None else ""
+        return (replace(handle, family=ar.family, resolutions=tuple(ar.defaults.resolutions), memory=plan),)

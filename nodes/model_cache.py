@@ -28,7 +28,7 @@ log = logging.getLogger("sjd_pac.nodes")
 MAX_LOADED = int(os.environ.get("SJD_PAC_MAX_LOADED_MODELS", "2"))
 
 _lock = threading.RLock()
-_models: "OrderedDict[Tuple[str, str, str], ARImageModel]" = OrderedDict()
+_models: "OrderedDict[Tuple[str, ...], ARImageModel]" = OrderedDict()
 _load_count = 0  # how many times weights were read (tests check reuse with it)
 
 
@@ -36,7 +36,7 @@ def load_count() -> int:
     return _load_count
 
 
-def loaded_keys() -> List[Tuple[str, str, str]]:
+def loaded_keys() -> List[Tuple[str, ...]]:
     with _lock:
         return list(_models)
 
@@ -59,7 +59,9 @@ def get_model(handle: ModelHandle) -> ARImageModel:
             return model
         comfy_bridge.install_free_memory_hook(release_device)
         comfy_bridge.free_memory_for(_weights_bytes(handle.path), handle.device)
-        model = sp.load_model(handle.path, dtype=handle.dtype, device=handle.device)
+        model = sp.load_model(handle.path, dtype=handle.dtype, device=handle.device, quantize=handle.quantize)
+        if model.memory_plan is not None:
+            log.info("sjd-pac: %s", model.memory_plan.one_line(model.quantize))
         _load_count += 1
         _models[handle.key] = model
         while len(_models) > max(1, MAX_LOADED):

@@ -303,8 +303,17 @@ def model_info_html(model: Optional[sp.ARImageModel], error: str = "") -> str:
         f'<div class="model-info"><span class="chip{gpu}">{html.escape(device)}</span>'
         f'<span class="chip">model: {html.escape(model.name or "?")}</span>'
         f'<span class="chip">family: {html.escape(model.family)}</span>'
-        f'<span class="chip">{html.escape(res)}</span></div>'
+        f'<span class="chip">{html.escape(res)}</span>'
+        + memory_chip(model) + "</div>"
     )
+
+
+def memory_chip(model: sp.ARImageModel) -> str:
+    """The load's memory plan (precision, GB needed and free), one line; none for the demo model."""
+    plan = getattr(model, "memory_plan", None)
+    if plan is None:
+        return ""
+    return f'<span class="chip" title="{html.escape(plan.table())}">{html.escape(plan.one_line(model.quantize))}</span>'
 
 
 def compare_card(method: str, summary: Optional[Dict[str, Any]]) -> str:

@@ -52,9 +52,11 @@ class ModelManager:
         dtype: str = "auto",
         loader: Callable[..., sp.ARImageModel] = sp.load_model,
         precheck: bool = True,
+        quantize: str = "none",
     ) -> None:
         self.models_dir = Path(models_dir).expanduser() if models_dir else None
         self.device, self.dtype = device, dtype
+        self.quantize = quantize  # none / int8 / 4bit / auto, passed to load_model when not "none"
         self._loader = loader
         self.precheck = precheck  # run load_model's cheap folder checks before unloading
         self._lock = threading.Lock()
@@ -85,7 +87,8 @@ class ModelManager:
                 folder = resolve_folder(key)
                 detect_family(folder, read_config(folder))
             self._release()
-            model = self._loader(key, dtype=self.dtype, device=self.device)
+            extra = {} if self.quantize == "none" else {"quantize": self.quantize}
+            model = self._loader(key, dtype=self.dtype, device=self.device, **extra)
             self.model, self.spec = model, key
             if key != DEMO and key not in self._extra:
                 self._extra.append(key)

@@ -181,7 +181,9 @@ def _generate(args) -> int:
     from .settings import pointless_setting_warnings, run_record, settings_line
     from .threads import threads_for, torch_threads
 
-    model = sp.load_model(args.model, dtype=args.dtype, device=args.device)
+    model = sp.load_model(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize)
+    if model.memory_plan is not None and not args.quiet:
+        print(model.memory_plan.one_line(model.quantize), file=sys.stderr)
     config = _config_from_args(args, model.defaults)
     encoding_tokens = model.encode_prompt(args.prompt, args.negative_prompt, args.resolution).layout.num_tokens
     bar = tqdm(total=encoding_tokens * args.batch_size, unit="tok", desc=config.method, disable=args.quiet)
@@ -230,6 +232,9 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     gen.add_argument("--batch-size", type=_int_at_least(1, 64), default=1)
     gen.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     gen.add_argument("--device", default="auto", help=DEVICE_NAMES)
+    gen.add_argument("--quantize", default="none", choices=["none", "int8", "4bit", "auto"],
+                     help="weight-only quantization of the decoder layers (auto: the most precise that fits; "
+                          'needs pip install "sjd-pac[quant]")')
     gen.add_argument("--threads", type=_int_at_least(0), default=0,
                      help="torch CPU threads (0 = chosen for the model's size: 1 for small models such as "
                           "the demo, torch's default for large ones)")

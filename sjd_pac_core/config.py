@@ -43,6 +43,9 @@ MAX_TREE_NODES = 256  # PD tree nodes below the root (default D=3, first level 8
 # on the demo model (README, "Drafting"); a pass that size still costs milliseconds of sampler work.
 MAX_CHAIN_SIBLING_NODES = 1024
 MAX_WINDOW = 1024  # draft window L
+# Pass sizes the auto window's cost probe runs (engine/window.py); the largest sizes the KV cache
+# along with the largest pass (engine/loop.py, models/memory.py).
+PROBE_SIZES: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 DEFAULT_TREE_FIRST_WIDTH = 8  # SamplerConfig.tree_first_width's default (docs/benchmark.md, "Drafting")
 
 

@@ -346,6 +346,11 @@ def test_gpu_script_runs_tiny_on_cpu(tmp_path):
         assert all(r["passes"] >= 1 for r in shape["overhead"])
     assert set(data["demo"]["summary"]) == {"ar", "generate"}
     assert "t(L)/t(1)" in (out / "gpu_bench.md").read_text()
+    from sjd_pac_core.models.quantize import available_precisions
+
+    rows = data["quantized"]["rows"]  # the quantized rows: every precision this machine can load
+    assert [r["precision"] for r in rows] == list(available_precisions(torch.device("cpu")))
+    assert all(r["sjd_pac_equals_ar"] for r in rows)
 
 
 def test_bench_settings_go_through_the_one_conversion():

@@ -31,12 +31,13 @@ from ..sampling.drafting import adaptive_continuation
 from ..sampling.recipe import SamplingRecipe, TokenConstraints, process
 from ..sampling.rules import NodeChildren
 from ..sampling.tree import TreeLayout, tree_layout
+from ..transfer import copy_to_device, to_device
 from . import drafters
 from .drafters import Draft, DraftContext, PassReport
 from .inputs import check_sample_inputs
 from .state import DecodeState
 from .stats import PassRecord, RunStats
-from .sync import SyncCounter, copy_to_device, synchronize, to_device
+from .sync import SyncCounter, synchronize
 from .timing import ForwardTimer
 from .verdict import PassOutcome, StaleRows, Verdict, continuation, walk
 from .window import (AUTO_START_WINDOW, CANDIDATE_WINDOWS, COMPILED_CANDIDATE_WINDOWS, PROBE_SIZES, AutoTreeWindow,

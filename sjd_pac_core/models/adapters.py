@@ -20,6 +20,35 @@ from transformers import PreTrainedModel
 from .causal_lm import CausalLMAdapter
 
 
+class HeadRows(nn.Module):
+    """The rows of an LM head that sampling can use (`ids`, in the sampler's order): the other
+    rows are dropped before the model moves to its device. Called like the full head, it gives
+    full-width logits with the dtype's minimum at every id it does not hold (those are never
+    allowed at an image position)."""
+
+    def __init__(self, rows: torch.Tensor, ids: torch.Tensor, vocab: int) -> None:
+        super().__init__()
+        self.rows = nn.Parameter(rows, requires_grad=False)
+        self.register_buffer("ids", ids.long(), persistent=False)
+        self.in_features, self.out_features = int(rows.shape[1]), vocab
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        part = F.linear(hidden, self.rows)
+        out = part.new_full(part.shape[:-1] + (self.out_features,), torch.finfo(part.dtype).min)
+        return out.index_copy_(-1, self.ids.to(out.device), part)
+
+
+def keep_head_rows(model: PreTrainedModel, ids: torch.Tensor) -> None:
+    """Replace the model's LM head by its rows `ids` (none: a head that is never used); a head
+    offloaded to disk (meta weights) is left whole."""
+    head = model.get_output_embeddings()
+    if head.weight.device.type == "meta":
+        return
+    with torch.no_grad():
+        rows = head.weight.index_select(0, ids.to(head.weight.device)).clone()
+    model.lm_head = HeadRows(rows, ids, int(head.weight.shape[0]))
+
+
 class ImageHeadAdapter(CausalLMAdapter):
     """Logits = F.linear(hidden, lm_head.weight[token_space]): exact, and most of the head's cost
     saved, because no id outside token_space is ever allowed at an image position."""
@@ -27,10 +56,16 @@ class ImageHeadAdapter(CausalLMAdapter):
     def __init__(self, model: PreTrainedModel, body: nn.Module, token_space: torch.Tensor) -> None:
         super().__init__(model, token_space)
         self.body = body
-        head = model.get_output_embeddings().weight
+        head_module = model.get_output_embeddings()
+        self.head_rows: Optional[torch.Tensor] = None
+        if isinstance(head_module, HeadRows):  # the loader kept these rows only
+            if not torch.equal(head_module.ids.cpu(), self.token_space.cpu()):
+                raise ValueError("the LM head keeps other rows than the sampler's token space")
+            self.head_rows = head_module.rows
+            return
+        head = head_module.weight
         # A copy of the rows, made once (a gather per pass would copy them every time); under
         # accelerate offloading the weight may live on the meta device - then use the full head.
-        self.head_rows: Optional[torch.Tensor] = None
         if head.device.type != "meta":
             with torch.no_grad():
                 self.head_rows = head.index_select(0, self.token_space.to(head.device)).detach()
@@ -41,7 +76,7 @@ class ImageHeadAdapter(CausalLMAdapter):
         hidden = out.last_hidden_state
         if last_only:
             hidden = hidden[:, -1:]
-        if self.head_rows is None:
+        if self.head_rows is None or self.head_rows.device.type == "meta":
             logits = self.model.get_output_embeddings()(hidden)
             logits = logits.index_select(-1, self.token_space.to(logits.device))
         else:

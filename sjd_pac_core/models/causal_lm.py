@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from ..engine.sync import to_device
+from ..transfer import to_device
 from ..sampling import tree as tree_lib
 from .base import DecoderSession, TokenModel
 from .kv_cache import CacheCursor, TreeKVCache
@@ -213,7 +213,8 @@ class CausalLMAdapter(TokenModel):
                 "*ForCausalLM model, or a model loaded with sjd_pac_core.load_model."
             )
         self.model = model.eval()
-        vocab = model.get_output_embeddings().weight.shape[0]
+        head = model.get_output_embeddings()
+        vocab = int(getattr(head, "out_features", None) or head.weight.shape[0])
         self.token_space = None if token_space is None else token_space.to(self.device)
         self.vocab_size = vocab if token_space is None else int(token_space.shape[0])
         self.restricted_ids: Optional[torch.Tensor] = None  # restricted head: these rows only

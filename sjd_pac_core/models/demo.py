@@ -17,7 +17,7 @@ from ..demo.vocab import VOCAB_FILE, PromptError, caption_words, parse_prompt
 from ..demo.vq import VQ_CONFIG, VQ_WEIGHTS
 from .causal_lm import CausalLMAdapter
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
-from .loader import ModelLoadError, check_checkpoint_matches
+from .checks import ModelLoadError, check_checkpoint_matches
 
 
 # `demo.train` builds a 1D-RoPE Llama (its default, the shipped model) or a GPT-2 with learned

@@ -20,12 +20,14 @@ from typing import Dict, List, Optional
 
 import torch
 from PIL import Image
-from transformers import Emu3ForConditionalGeneration, Emu3Processor
+from transformers import Emu3Config, Emu3ForConditionalGeneration, Emu3Processor
 
-from .adapters import ImageHeadAdapter
-from .hf_common import free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
+from .adapters import ImageHeadAdapter, keep_head_rows
+from .hf_common import LoadOptions, free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
-from .loader import ModelLoadError, require_safetensors
+from .checks import ModelLoadError, require_safetensors
+from .memory import FamilyShape, census
+from .sizes import EMU3_RESOLUTIONS
 
 REPO_HINT = "BAAI/Emu3-Gen-hf"
 DEFAULT_IMAGE_AREA = 720 * 720
@@ -53,6 +55,24 @@ class Emu3ImageModel(ARImageModel):
         self.model = model
         self.processor = processor
         self.image_area = image_area
+        self.token_space = self.sampler_ids(model, processor)
+        num_codes = self.num_codes = len(self.token_space) - 4
+        self.eol_id = num_codes  # sampler ids of EOL, EOF, EOI, EOS follow the codes
+        self.tail = (num_codes + 1, num_codes + 2, num_codes + 3)
+        vq_factor = 2 ** (len(model.config.vq_config.channel_multiplier) - 1)
+        self.sizes: Dict[str, Emu3Size] = {}
+        for ratio in RATIOS:
+            rows, cols = processor.calculate_generate_size(ratio, image_area, processor.downsample_ratio)
+            self.sizes.setdefault(f"{cols * vq_factor}x{rows * vq_factor}", Emu3Size(ratio, rows, cols))
+        # Reference settings (Emu3-Gen README): CFG 3.0, top-k 2048, temperature 1.0.
+        self.defaults = FamilyDefaults(resolutions=tuple(self.sizes), cfg_scale=3.0, temperature=1.0, top_k=2048)
+        self.token_model = ImageHeadAdapter(model, model.model, self.token_space)
+        self._last_resolution: Optional[str] = None
+
+    @staticmethod
+    def sampler_ids(model: Emu3ForConditionalGeneration, processor: Emu3Processor) -> torch.Tensor:
+        """The model ids of the sampler's token space: the visual tokens in code order, then
+        end-of-line, end-of-frame, end-of-image, end-of-sequence."""
         tok = processor.tokenizer
         mapping = model.vocabulary_mapping
         img2bpe = mapping.img2bpe
@@ -68,28 +88,41 @@ class Emu3ImageModel(ARImageModel):
                 f"The Emu3 tokenizer lacks end-of-line/end-of-image tokens; download the tokenizer and "
                 f"processor files of {REPO_HINT} again."
             )
-        self.num_codes = num_codes
-        self.token_space = torch.tensor([img2bpe[c] for c in range(num_codes)] + specials, dtype=torch.long)
-        self.eol_id = num_codes  # sampler ids of EOL, EOF, EOI, EOS follow the codes
-        self.tail = (num_codes + 1, num_codes + 2, num_codes + 3)
-        vq_factor = 2 ** (len(model.config.vq_config.channel_multiplier) - 1)
-        self.sizes: Dict[str, Emu3Size] = {}
-        for ratio in RATIOS:
-            rows, cols = processor.calculate_generate_size(ratio, image_area, processor.downsample_ratio)
-            self.sizes.setdefault(f"{cols * vq_factor}x{rows * vq_factor}", Emu3Size(ratio, rows, cols))
-        # Reference settings (Emu3-Gen README): CFG 3.0, top-k 2048, temperature 1.0.
-        self.defaults = FamilyDefaults(resolutions=tuple(self.sizes), cfg_scale=3.0, temperature=1.0, top_k=2048)
-        self.token_model = ImageHeadAdapter(model, model.model, self.token_space)
-        self._last_resolution: Optional[str] = None
+        return torch.tensor([img2bpe[c] for c in range(num_codes)] + specials, dtype=torch.long)
 
     # --- loading ------------------------------------------------------------------------------
+    QUANTIZED_LAYERS = r"model\.text_model\.layers"  # the decoder layers: the only quantized linears
+
     @classmethod
     def matches(cls, folder: Path, config: dict) -> bool:
         return config.get("model_type") == "emu3"
 
     @classmethod
+    def memory_shape(cls, config: dict, folder: Optional[Path] = None) -> FamilyShape:
+        """The plan's view of this config (the model is built on the meta device: no memory)."""
+        cfg = Emu3Config.from_dict(dict(config, vocabulary_map=config.get("vocabulary_map") or {}))
+        with torch.device("meta"):
+            model = Emu3ForConditionalGeneration(cfg)
+        codes = cfg.vq_config.codebook_size
+        text = cfg.text_config
+        area = int(config.get("image_area", DEFAULT_IMAGE_AREA))
+        factor = 2 ** (len(cfg.vq_config.channel_multiplier) - 1)
+        if area == DEFAULT_IMAGE_AREA:
+            grids = [(int(r.split("x")[1]) // factor, int(r.split("x")[0]) // factor) for r in EMU3_RESOLUTIONS]
+        else:  # the square size at this area (the processor knows the other ratios)
+            side = round(area ** 0.5) // factor
+            grids = [(side, side)]
+        return FamilyShape(
+            family="emu3", weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", codes + 4)),
+            layers=text.num_hidden_layers, heads=text.num_attention_heads, kv_heads=text.num_key_value_heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+            hidden=text.hidden_size, intermediate=text.intermediate_size, sampler_vocab=codes + 4,
+            image_tokens={f"{cols * factor}x{rows * factor}": rows * (cols + 1) + 3 for rows, cols in grids},
+        )
+
+    @classmethod
     def load(
-        cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device, device_map: Optional[str] = None
+        cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device, options: Optional[LoadOptions] = None
     ) -> "Emu3ImageModel":
         fix = f"download the tokenizer and processor files of {REPO_HINT} into the folder."
         require_any(folder, ["tokenizer.json", "vocab.json"], "tokenizer files", fix)
@@ -103,7 +136,8 @@ class Emu3ImageModel(ARImageModel):
             processor = Emu3Processor.from_pretrained(folder)
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"The Emu3 processor in {folder} cannot be loaded ({short(exc)}); {fix}") from None
-        model = load_pretrained(Emu3ForConditionalGeneration, folder, dtype, device, device_map)
+        model = load_pretrained(Emu3ForConditionalGeneration, folder, dtype, device, options,
+                                prepare=lambda m: keep_head_rows(m, cls.sampler_ids(m, processor)))
         return cls(model, processor, int(config.get("image_area", DEFAULT_IMAGE_AREA)))
 
     # --- prompts ------------------------------------------------------------------------------

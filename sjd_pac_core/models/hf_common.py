@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Type
+from typing import Callable, Dict, List, Optional, Type, Union
 
 import numpy as np
 import torch
 from PIL import Image
 from transformers import PreTrainedModel
 
-from .loader import ModelLoadError, check_loading_info
+from .checks import ModelLoadError, check_loading_info
 
 
 def pixels_to_pil(pixels: torch.Tensor, channels_last: bool = False) -> List[Image.Image]:
@@ -49,6 +50,16 @@ def require_any(folder: Path, names: List[str], what: str, fix: str) -> Path:
 
 
 LoadingInfo = dict  # transformers' output_loading_info: missing/unexpected/mismatched keys, error_msgs
+OFFLOAD_HINT = 'pip install "sjd-pac[offload]"'
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How from_pretrained places and stores the weights (load_model fills it in)."""
+
+    quantization: Optional[object] = None  # a transformers quantization_config (TorchAoConfig, BitsAndBytesConfig)
+    device_map: Union[None, str, Dict[str, object]] = None  # accelerate's placement ("auto" or module -> device)
+    offload_folder: Optional[Path] = None  # where device_map's "disk" entries go
 
 
 def load_pretrained(
@@ -56,23 +67,41 @@ def load_pretrained(
     folder: Path,
     dtype: torch.dtype,
     device: torch.device,
-    device_map: Optional[str],
+    options: Optional[LoadOptions] = None,
     repair: Optional[Callable[[PreTrainedModel, LoadingInfo], LoadingInfo]] = None,
+    prepare: Optional[Callable[[PreTrainedModel], None]] = None,
 ) -> PreTrainedModel:
-    """from_pretrained on one device, or spread by accelerate when device_map is "auto".
+    """from_pretrained on one device, or spread by accelerate (options.device_map), quantized as
+    it loads when options.quantization is set.
 
     transformers fills a missing or mis-shaped weight with random values and only logs it; here
     every weight its loading info reports is a ModelLoadError naming the file and the weight.
     repair: a family's fix for a known, harmless difference of its checkpoints; it gets the model
-    and the loading info and returns the info without the entries it fixed.
+    and the loading info and returns the info without the entries it fixed. prepare: drops what
+    sampling never uses (LM head rows), before the model moves to the device.
     """
+    options = options or LoadOptions()
+    device_map = options.device_map
+    if device_map is None and options.quantization is not None and device.type != "cpu":
+        device_map = {"": str(device)}  # quantize on the device, as the weights arrive
+    kwargs = dict(dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True)
+    if options.quantization is not None:
+        kwargs["quantization_config"] = options.quantization
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    if options.offload_folder is not None:
+        kwargs["offload_folder"] = str(options.offload_folder)
     try:
-        kwargs = dict(dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True)
-        if device_map is not None:
-            model, info = cls.from_pretrained(folder, device_map=device_map, **kwargs)
-        else:
-            model, info = cls.from_pretrained(folder, **kwargs)
+        model, info = cls.from_pretrained(folder, **kwargs)
+    except ImportError as exc:  # a library the placement or the quantization needs
+        raise ModelLoadError(f"Loading {folder} needs a library that is missing ({short(exc)}); install the "
+                             f"quantization or offload extra (`{OFFLOAD_HINT}`, `pip install \"sjd-pac[quant]\"`).") from exc
     except (OSError, ValueError, RuntimeError) as exc:
+        if options.quantization is not None or device_map is not None:
+            raise ModelLoadError(
+                f"Loading the weights in {folder} with quantization or offload failed ({short(exc)}); "
+                "load with quantize='none' on one device to tell a damaged checkpoint from a placement problem."
+            ) from exc
         raise ModelLoadError(
             f"Loading the weights in {folder} failed ({short(exc)}); "
             "download the checkpoint again or check that it matches config.json."
@@ -80,6 +109,8 @@ def load_pretrained(
     if repair is not None:
         info = repair(model, info)
     check_loading_info(folder, info)
+    if prepare is not None:
+        prepare(model)
     if device_map is None:
         try:
             model = model.to(device)

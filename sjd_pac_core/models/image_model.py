@@ -126,6 +126,8 @@ class ARImageModel(ABC):
 
     family: str = "base"
     name: str = ""
+    quantize: str = "none"  # the precision load_model chose: "none", "int8" or "4bit"
+    memory_plan = None  # load_model's MemoryPlan (None for the demo model)
     defaults: FamilyDefaults
     token_model: TokenModel
 

@@ -17,12 +17,13 @@ from typing import List, Optional
 
 import torch
 from PIL import Image
-from transformers import JanusForConditionalGeneration, JanusProcessor
+from transformers import JanusConfig, JanusForConditionalGeneration, JanusProcessor
 
-from .adapters import GenerationHeadAdapter
-from .hf_common import free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
+from .adapters import GenerationHeadAdapter, keep_head_rows
+from .hf_common import LoadOptions, free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
-from .loader import ModelLoadError, require_safetensors
+from .checks import ModelLoadError, require_safetensors
+from .memory import FamilyShape, census
 
 REPO_HINT = "deepseek-community/Janus-Pro-7B (or -1B)"
 
@@ -63,13 +64,33 @@ class JanusImageModel(ARImageModel):
         self.token_model = GenerationHeadAdapter(model, self.num_codes)
 
     # --- loading ------------------------------------------------------------------------------
+    QUANTIZED_LAYERS = r"model\.language_model\.layers"  # the decoder layers: the only quantized linears
+
     @classmethod
     def matches(cls, folder: Path, config: dict) -> bool:
         return config.get("model_type") == "janus"
 
     @classmethod
+    def memory_shape(cls, config: dict, folder: Optional[Path] = None) -> FamilyShape:
+        """The plan's view of this config (the model is built on the meta device: no memory). The
+        text LM head is never used for images: none of its rows is kept."""
+        cfg = JanusConfig.from_dict(config)
+        with torch.device("meta"):
+            model = JanusForConditionalGeneration(cfg)
+        text, vision = cfg.text_config, cfg.vision_config
+        grid = vision.image_size // vision.patch_size
+        pixels = grid * 2 ** (len(cfg.vq_config.channel_multiplier) - 1)
+        return FamilyShape(
+            family="janus", weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", 0)),
+            layers=text.num_hidden_layers, heads=text.num_attention_heads, kv_heads=text.num_key_value_heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+            hidden=text.hidden_size, intermediate=text.intermediate_size, sampler_vocab=cfg.vq_config.num_embeddings,
+            image_tokens={f"{pixels}x{pixels}": grid * grid},
+        )
+
+    @classmethod
     def load(
-        cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device, device_map: Optional[str] = None
+        cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device, options: Optional[LoadOptions] = None
     ) -> "JanusImageModel":
         fix = f"download the tokenizer and processor files of {REPO_HINT} into the folder."
         require_any(folder, ["tokenizer.json", "tokenizer.model"], "tokenizer files", fix)
@@ -79,7 +100,9 @@ class JanusImageModel(ARImageModel):
             processor = JanusProcessor.from_pretrained(folder)
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"The Janus processor in {folder} cannot be loaded ({short(exc)}); {fix}") from None
-        model = load_pretrained(JanusForConditionalGeneration, folder, dtype, device, device_map)
+        # The text head is never used for images: no row of it is kept.
+        model = load_pretrained(JanusForConditionalGeneration, folder, dtype, device, options,
+                                prepare=lambda m: keep_head_rows(m, torch.zeros(0, dtype=torch.long)))
         return cls(model, processor)
 
     # --- prompts ------------------------------------------------------------------------------

@@ -61,8 +61,11 @@ def test_job_ids_follow_content_not_spelling(tmp_path, demo_info):
     other = plan_jobs(spelled[3:], demo_info)[0]
     assert other.id not in {j.id for j in by_flag}
     assert len({j.id for j in by_flag}) == 4  # seeds and methods each change the id
-    moved = ModelInfo("other-model", demo_info.family, demo_info.dtype, demo_info.defaults)
-    assert plan_jobs(text[:1], moved)[0].id != plan_jobs(text[:1], demo_info)[0].id
+    here = plan_jobs(text[:1], demo_info)[0].id
+    for other_model in (ModelInfo("other-model", demo_info.family, demo_info.dtype, demo_info.defaults),
+                        ModelInfo(demo_info.name, demo_info.family, "torch.bfloat16", demo_info.defaults),
+                        ModelInfo(demo_info.name, demo_info.family, demo_info.dtype, demo_info.defaults, "int8")):
+        assert plan_jobs(text[:1], other_model)[0].id != here  # another model, dtype or quantization
 
 
 # --- bad input: one sentence, before any work -------------------------------------------------------

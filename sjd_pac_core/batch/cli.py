@@ -43,6 +43,8 @@ def add_batch_parser(subparsers, check_writable_folder: Callable, check_device: 
                         f"preset ({', '.join(PRESETS)}; paper = {DEFAULT_METHODS}); default: each line's own "
                         "settings (the model's: SJD-PAC)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    p.add_argument("--quantize", default="none", choices=["none", "int8", "4bit", "auto"],
+                   help="weight-only quantization of the decoder layers, as `sjd-pac generate` takes it")
     p.add_argument("--device", default="auto",
                    help="auto, cpu, cuda, cuda:N or mps; with Ray workers auto or cuda gives each worker one GPU")
     p.add_argument("--threads", type=int, default=0,
@@ -96,7 +98,8 @@ def _batch(args) -> int:
 
     options = BatchOptions(
         lines=args.lines, out=Path(args.out), seeds=args.seed_list, methods=args.method_list,
-        model=ModelSpec(_model_path(args.model), dtype=args.dtype, device=args.device, threads=args.threads),
+        model=ModelSpec(_model_path(args.model), dtype=args.dtype, device=args.device, quantize=args.quantize,
+                        threads=args.threads),
         workers=args.workers or 0, ray_address=args.ray_address, progress=not args.quiet,
         source=Path(args.input).name)
     if args.quiet:  # transformers' weight-loading bar too

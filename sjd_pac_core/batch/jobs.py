@@ -5,7 +5,8 @@ optional "seed", "negative_prompt", "resolution" and any SamplerConfig field by 
 the CLI's conventions: null takes the model's default, top_k 0 and top_p 1 are off, window may
 be "auto"). In both, blank lines and lines starting with '#' are skipped.
 
-A job's id is a hash of everything that decides its picture: the model (name and dtype), the
+A job's id is a hash of everything that decides its picture: the model (name, dtype and
+quantization), the
 prompt, negative prompt, resolution, seed and the full SamplerConfig after the one settings
 conversion over the model's defaults. So `--methods sjd-pac@64` and a JSONL line that spells the
 same settings out give the same id, and a rerun recognises the jobs it has already done.
@@ -63,6 +64,7 @@ class ModelInfo:
     family: str
     dtype: str  # as loaded, e.g. "torch.float32"
     defaults: "FamilyDefaults"  # the family's settings and resolutions
+    quantize: str = "none"  # the weight-only quantization it was loaded with
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class Job:
     method: str  # the summary's row, as --methods names it (e.g. "sjd-pac@64")
     model: str
     dtype: str
+    quantize: str
     prompt: str
     negative_prompt: str
     resolution: str
@@ -94,10 +97,10 @@ class Job:
         return f"line {self.line}, seed {self.seed}, {self.method}"
 
 
-def job_id(model: str, dtype: str, prompt: str, negative_prompt: str, resolution: str, seed: int,
+def job_id(model: ModelInfo, prompt: str, negative_prompt: str, resolution: str, seed: int,
            config: SamplerConfig) -> str:
-    content = {"model": model, "dtype": dtype, "prompt": prompt, "negative_prompt": negative_prompt,
-               "resolution": resolution, "seed": seed, "settings": asdict(config)}
+    content = {"model": model.name, "dtype": model.dtype, "quantize": model.quantize, "prompt": prompt,
+               "negative_prompt": negative_prompt, "resolution": resolution, "seed": seed, "settings": asdict(config)}
     text = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:ID_LENGTH]
 
@@ -232,9 +235,9 @@ def plan_jobs(lines: Sequence[InputLine], model: ModelInfo, seeds: Optional[Sequ
                     if conflict:
                         raise BatchInputError(f"{where} {conflict}.")
                 key = spec.key if spec is not None else method_key(config, reference)
-                identity = job_id(model.name, model.dtype, line.prompt, line.negative_prompt, resolution, seed, config)
-                job = Job(identity, line.number, key, model.name, model.dtype, line.prompt, line.negative_prompt,
-                          resolution, seed, config)
+                identity = job_id(model, line.prompt, line.negative_prompt, resolution, seed, config)
+                job = Job(identity, line.number, key, model.name, model.dtype, model.quantize, line.prompt,
+                          line.negative_prompt, resolution, seed, config)
                 if identity in first_line:
                     other = first_line[identity]
                     if other.line == line.number:

@@ -54,7 +54,8 @@ def summary_markdown(jobs: Sequence[Job], lines: Mapping[str, dict], model: Mode
     keys = list(dict.fromkeys(job.method for job in jobs))
     table = markdown_table(summarise(runs, keys)) if runs else "(no finished jobs yet)"
     parts = [
-        f"# sjd-pac batch\n\nmodel: {model.family} ({model.name}, {model.dtype}); {len(done)} of {len(jobs)} jobs "
+        f"# sjd-pac batch\n\nmodel: {model.family} ({model.name}, {model.dtype}"
+        f"{'' if model.quantize == 'none' else ', quantized ' + model.quantize}); {len(done)} of {len(jobs)} jobs "
         f"finished, run {where}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "Latency is each job's wall clock on its worker (encode, sample, decode); a speedup is paired per "
         "prompt and seed against the AR row. Jobs that ran on different machines, or side by side on one "

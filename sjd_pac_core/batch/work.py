@@ -32,6 +32,7 @@ class ModelSpec:
     path: str = "demo"  # "demo" or a checkpoint folder (absolute, so that a worker finds it too)
     dtype: str = "auto"
     device: str = "auto"
+    quantize: str = "none"  # weight-only quantization, as load_model takes it
     threads: int = 0  # torch CPU threads; 0 = chosen from the model's size and the workers per machine
 
 
@@ -51,9 +52,9 @@ def cpu_threads(model: ARImageModel, spec: ModelSpec, cores: Optional[int] = Non
 
 def load_for_jobs(spec: ModelSpec) -> Tuple[ARImageModel, ModelInfo]:
     """Load the model once for many jobs; ModelLoadError (one sentence) when it cannot be loaded."""
-    model = load_model(spec.path, dtype=spec.dtype, device=spec.device)
+    model = load_model(spec.path, dtype=spec.dtype, device=spec.device, quantize=spec.quantize)
     info = ModelInfo(name=model.name, family=model.family, dtype=str(resolve_dtype(spec.dtype, model.device)),
-                     defaults=model.defaults)
+                     defaults=model.defaults, quantize=getattr(model, "quantize", spec.quantize))
     return model, info
 
 
@@ -76,7 +77,8 @@ def run_job(model: ARImageModel, job: Job, worker: str = "local") -> JobOutput:
     line = {
         "id": job.id, "method": job.method, "prompt": job.prompt, "negative_prompt": job.negative_prompt,
         "resolution": result.encoding.resolution, "seed": job.seed, "input_line": job.line,
-        "model": job.model, "family": model.family, "dtype": job.dtype, "settings": job.settings,
+        "model": job.model, "family": model.family, "dtype": job.dtype, "quantize": job.quantize,
+        "settings": job.settings,
         "image": f"images/{job.id}.png",
         "tokens": run.tokens, "forward_passes": run.forward_passes, "tokens_per_pass": run.step_compression,
         "latency_s": run.latency_s, "sampler_s": run.sampler_s, "forward_s": run.forward_s,

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import sjd_pac_core as sp
-from sjd_pac_core.models.loader import DEMO_NAME, ModelLoadError, folder_resolutions, resolve_device
+from sjd_pac_core.models.loader import DEMO_NAME, folder_resolutions, resolve_device
 
 from . import comfy_bridge
-from .datatypes import AR_IMAGE_MODEL, ModelHandle
+from .datatypes import AR_IMAGE_MODEL
+from .model_cache import ModelHandle
 
 DTYPES = ["auto", "bf16", "fp16", "fp32"]
 DEVICES = ["auto", "gpu", "cpu"]

@@ -38,7 +38,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     try:
-        from .app import SjdPacApp, launch_kwargs  # imports gradio (after the env var above)
+        from .app import SjdPacApp  # imports gradio (after the env var above)
+        from .layout import launch_kwargs
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in ("gradio", "gradio_client"):
             raise

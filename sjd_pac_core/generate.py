@@ -13,7 +13,7 @@ from .config import ConfigError, SamplerConfig
 from .engine.loop import Callback, sample_tokens
 from .engine.stats import RunStats
 from .models.image_model import ARImageModel, PromptEncoding
-from .sampling.seeds import resolve_seed
+from .sampling.seeds import image_seed, resolve_seed
 
 
 @dataclass
@@ -24,7 +24,11 @@ class ImageResult:
     all_stats: List[RunStats]
     encoding: PromptEncoding
     config: SamplerConfig
-    seed: int
+    seed: int  # the seed used (the random one drawn for None or -1); image i used image_seeds[i]
+
+    @property
+    def image_seeds(self) -> List[int]:
+        return [image_seed(self.seed, i) for i in range(len(self.images))]
 
 
 def generate_image(
@@ -39,7 +43,8 @@ def generate_image(
 ) -> ImageResult:
     """Generate `batch_size` images (seeds seed, seed+1, ...) for one prompt.
 
-    seed: any integer (reduced to 64 bits), or None for a random one, reported in the result.
+    seed: 0 .. 2**64-1, or None or -1 for a fresh random one, reported in the result
+        (sampling/seeds.py: the one meaning of every value; front ends pass the user's value here).
 
     config: None takes the family's recommended settings (model.defaults).
     callback: called after every forward pass with a Progress (see sample_tokens); raise
@@ -55,7 +60,7 @@ def generate_image(
     tokens, all_stats = [], []
     for i in range(batch_size):  # images run one after another: each has its own accept lengths
         out = sample_tokens(
-            model, encoding.prompt_ids, encoding.layout.num_tokens, config=config, seed=seed + i,
+            model, encoding.prompt_ids, encoding.layout.num_tokens, config=config, seed=image_seed(seed, i),
             uncond_prompt_ids=encoding.uncond_ids, allowed_tokens=encoding.constraints, callback=callback,
         )
         tokens.append(out.tokens)

@@ -11,10 +11,11 @@ import json
 
 from PIL import Image
 
+from .settings import RECORD_PNG_KEY
+
 UPSCALE_FILTERS = ("nearest", "lanczos")
 MAX_UPSCALE = 16
 MAX_UPSCALED_SIDE = 8192  # pixels on the long side; beyond this a PNG of one image is hundreds of MB
-PNG_SETTINGS_KEY = "sjd_pac"  # the PNG text chunk with the run's settings (the ComfyUI nodes write the same)
 
 
 def upscale_factor_for(width: int, height: int, min_long_side: int) -> int:
@@ -41,11 +42,11 @@ def upscale(image: Image.Image, factor: int, method: str = "nearest") -> Image.I
 
 
 def png_bytes(image: Image.Image, record: dict) -> bytes:
-    """`image` as PNG bytes whose PNG_SETTINGS_KEY text chunk holds `record` as JSON."""
+    """`image` as PNG bytes whose RECORD_PNG_KEY text chunk holds the run record as JSON."""
     from PIL.PngImagePlugin import PngInfo
 
     info = PngInfo()
-    info.add_text(PNG_SETTINGS_KEY, json.dumps(record))
+    info.add_text(RECORD_PNG_KEY, json.dumps(record))
     buffer = io.BytesIO()
     image.save(buffer, format="PNG", pnginfo=info)
     return buffer.getvalue()

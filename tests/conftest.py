@@ -32,7 +32,7 @@ def smoke_demo_folder(tmp_path_factory) -> Path:
     """A demo-format checkpoint from a few steps of the real training script (its CI smoke run)."""
     out = tmp_path_factory.mktemp("demo_smoke")
     subprocess.run(
-        [sys.executable, "-m", "sjd_pac_core.demo.train", "--smoke", "--out", str(out), "--no-progress"],
+        [sys.executable, "-m", "sjd_pac_core.demo.tools.train", "--smoke", "--out", str(out), "--no-progress"],
         check=True, cwd=REPO, capture_output=True,
     )
     return out

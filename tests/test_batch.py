@@ -19,7 +19,7 @@ from sjd_pac_core.batch.store import ResultStore
 from sjd_pac_core.bench.methods import parse_methods
 from sjd_pac_core.bench.runner import PROMPT_DIR
 from sjd_pac_core.cli import main
-from sjd_pac_core.images import PNG_SETTINGS_KEY
+from sjd_pac_core.settings import RECORD_PNG_KEY
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = [p for p in (PROMPT_DIR / "demo.txt").read_text().splitlines() if p.strip() and not p.startswith("#")]
@@ -70,7 +70,8 @@ def test_job_ids_follow_content_not_spelling(tmp_path, demo_info):
 
 # --- bad input: one sentence, before any work -------------------------------------------------------
 
-GOOD = json.dumps({"prompt": "a red circle top left on a blue background"})
+GOOD = json.dumps({"prompt": PROMPTS[0]})
+P2 = json.dumps(PROMPTS[1])  # a second prompt the demo model reads
 BAD_INPUT = [
     # (row, INPUT text or None for no file, extra arguments, text the sentence names)
     ("empty file", "", [], "holds no prompts"),
@@ -80,12 +81,14 @@ BAD_INPUT = [
     ("not an object", f"{GOOD}\n[1, 2]\n", [], "line 2 holds a list"),
     ("unknown settings key", f'{GOOD}\n{{"prompt": "x", "cfg": 2}}\n', [], "line 2 has the unknown key 'cfg'"),
     ("no prompt", f'{GOOD}\n{{"seed": 1}}\n', [], "line 2 has no prompt"),
-    ("negative seed", '{"prompt": "x", "seed": -1}\n', [], "seed must be a whole number 0 or more"),
-    ("bad setting value", f'{GOOD}\n{{"prompt": "x", "window": 0}}\n', [], "line 2: window"),
-    ("bad resolution", f'{GOOD}\n{{"prompt": "x", "resolution": "512x512"}}\n', [], "does not draw 512x512"),
+    ("a prompt the demo cannot read", f'{GOOD}\n{{"prompt": "a purple elephant"}}\n', [],
+     "line 2: The demo model does not know the word"),
+    ("negative seed", f'{{"prompt": {P2}, "seed": -1}}\n', [], "seed must be a whole number 0 or more"),
+    ("bad setting value", f'{GOOD}\n{{"prompt": {P2}, "window": 0}}\n', [], "line 2: window"),
+    ("bad resolution", f'{GOOD}\n{{"prompt": {P2}, "resolution": "512x512"}}\n', [], "does not draw 512x512"),
     ("duplicated ids", f"{GOOD}\n{GOOD}\n", [], "lines 1 and 2 make the same image"),
-    ("line seed and --seeds", '{"prompt": "x", "seed": 3}\n', ["--seeds", "0-1"], "drop one of the two"),
-    ("line overruled by --methods", '{"prompt": "x", "window": 32}\n', ["--methods", "sjd@16"],
+    ("line seed and --seeds", f'{{"prompt": {P2}, "seed": 3}}\n', ["--seeds", "0-1"], "drop one of the two"),
+    ("line overruled by --methods", f'{{"prompt": {P2}, "window": 32}}\n', ["--methods", "sjd@16"],
      "sets window = 32, but --methods sjd@16 sets 16"),
     ("same method twice", f"{GOOD}\n", ["--methods", "sjd-pac@32,sjd-pac@32:d2"], "run the same settings"),
     ("unknown method", f"{GOOD}\n", ["--methods", "fast"], "Unknown method 'fast'"),
@@ -202,7 +205,7 @@ def test_batch_writes_pngs_lines_and_summary(tmp_path, capsys):
     from PIL import Image
 
     with Image.open(out / pac["image"]) as image:
-        record = json.loads(image.text[PNG_SETTINGS_KEY])
+        record = json.loads(image.text[RECORD_PNG_KEY])
     assert record["prompt"] == PROMPTS[0] and record["seed"] == 0 and record["window"] == 32
     summary = (out / "summary.md").read_text()
     assert "| SJD-PAC L=32 |" in summary and "sjd-pac@32 (verify gumbel): 1 of 1 jobs returned AR's tokens" in summary

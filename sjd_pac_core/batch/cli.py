@@ -18,9 +18,11 @@ are parsed, --out is proven writable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 from ..bench.methods import DEFAULT_METHODS, PRESETS, parse_methods, parse_seeds
 from .jobs import BatchInputError, read_input
@@ -28,8 +30,19 @@ from .jobs import BatchInputError, read_input
 RAY_EXTRA = 'pip install "sjd-pac[ray]"'
 
 
-def add_batch_parser(subparsers, check_writable_folder: Callable, check_device: Callable) -> None:
-    """Register `batch`; the two checks are the CLI's own (--out writable, --device a device name)."""
+@dataclass(frozen=True)
+class CliChecks:
+    """The main CLI's own checks, handed in (this module does not import the CLI: no import circle)."""
+
+    check_writable_folder: Callable  # --out: created and proven writable, or ArgumentError
+    check_device: Callable  # --device: a device name
+    check_demo_prompt: Callable  # (model, prompt): a prompt the demo model cannot read is refused
+    quiet_loading: Callable[[], ContextManager]  # transformers' loading bars off inside the block
+
+
+def add_batch_parser(subparsers, **checks: Callable) -> None:
+    """Register `batch`, with the CLI's own checks (see CliChecks)."""
+    cli = CliChecks(**checks)
     p = subparsers.add_parser(
         "batch", help="many images from a prompt file, resumable; on Ray workers with --workers",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,7 +69,7 @@ def add_batch_parser(subparsers, check_writable_folder: Callable, check_device: 
     p.add_argument("--ray-address", default=None,
                    help="join a running Ray cluster (its address, or auto) instead of starting one here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_batch, validate=lambda args: validate_batch_args(args, check_writable_folder, check_device))
+    p.set_defaults(func=lambda args: _batch(args, cli), validate=lambda args: validate_batch_args(args, cli))
 
 
 def _model_path(path: str) -> str:
@@ -66,7 +79,7 @@ def _model_path(path: str) -> str:
     return str(folder.resolve()) if path != "demo" and folder.exists() else path
 
 
-def validate_batch_args(args: argparse.Namespace, check_writable_folder: Callable, check_device: Callable) -> None:
+def validate_batch_args(args: argparse.Namespace, cli: CliChecks) -> None:
     """Every check that needs no torch and no model; raises ValueError (one sentence)."""
     if args.workers is not None and args.workers < 1:
         raise BatchInputError(f"--workers must be 1 or more, got {args.workers}; leave it out to run in this process.")
@@ -76,11 +89,16 @@ def validate_batch_args(args: argparse.Namespace, check_writable_folder: Callabl
     if on_ray and importlib.util.find_spec("ray") is None:
         raise BatchInputError(f"--workers and --ray-address run on Ray, which is not installed; install the extra: "
                               f"{RAY_EXTRA}.")
-    check_device(args.device)
+    cli.check_device(args.device)
     if on_ray and args.device not in ("auto", "cpu", "cuda"):
         raise BatchInputError(f"--device {args.device}: Ray gives each worker its own GPU; use --device auto, cuda "
                               "or cpu.")
     args.lines = read_input(args.input)
+    for line in args.lines:
+        try:
+            cli.check_demo_prompt(args.model, line.prompt)
+        except ValueError as exc:
+            raise BatchInputError(f"{Path(args.input).name} line {line.number}: {exc}") from None
     args.seed_list = parse_seeds(args.seeds) if args.seeds is not None else None
     if args.seed_list is not None and min(args.seed_list) < 0:
         raise BatchInputError(f"--seeds {args.seeds!r}: seeds are 0 or more.")
@@ -89,10 +107,10 @@ def validate_batch_args(args: argparse.Namespace, check_writable_folder: Callabl
     if generate_rows:
         raise BatchInputError(f"--methods {generate_rows[0]}: transformers' generate is a benchmark baseline, not a "
                               "batch method; use ar, sjd@L, sjd+pd@L, sjd+ac@L or sjd-pac@L.")
-    args.out = str(check_writable_folder(args.out))
+    args.out = str(cli.check_writable_folder(args.out))
 
 
-def _batch(args) -> int:
+def _batch(args, cli: CliChecks) -> int:
     from .driver import BatchOptions, run_batch
     from .work import ModelSpec
 
@@ -102,12 +120,9 @@ def _batch(args) -> int:
                         threads=args.threads),
         workers=args.workers or 0, ray_address=args.ray_address, progress=not args.quiet,
         source=Path(args.input).name)
-    if args.quiet:  # transformers' weight-loading bar too
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
     try:
-        report = run_batch(options)
+        with cli.quiet_loading() if args.quiet else contextlib.nullcontext():  # transformers' loading bar
+            report = run_batch(options)
     except KeyboardInterrupt:
         print(f"stopped; the finished jobs are kept in {args.out}: rerun the same command to continue.")
         raise

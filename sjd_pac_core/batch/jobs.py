@@ -15,7 +15,6 @@ same settings out give the same id, and a rerun recognises the jobs it has alrea
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -24,15 +23,13 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..bench.methods import RECIPE_FIELDS as SAMPLING_RECIPE_FIELDS
 from ..bench.methods import MethodSpec, method_key
 from ..config import ConfigError, SamplerConfig
-from ..settings import config_from_settings, switch
+from ..settings import SETTINGS, config_from_settings, switch
 
 if TYPE_CHECKING:  # no torch here: the CLI reads INPUT before importing it
     from ..models.image_model import FamilyDefaults
 
 JOB_KEYS = ("prompt", "seed", "negative_prompt", "resolution")
 SETTING_KEYS = tuple(f.name for f in fields(SamplerConfig))
-# Settings the one conversion takes by keyword; the others go straight into SamplerConfig.with_.
-_CONVERTED = set(inspect.signature(config_from_settings).parameters) - {"defaults"}
 _SWITCHES = ("adaptive_continuation", "proactive_drafting", "tree_every_pass")
 # What decides the distribution a job samples from (and, under gumbel, its tokens): jobs that
 # share these, the prompt, negative prompt, resolution and seed must return AR's tokens.
@@ -182,8 +179,9 @@ def read_input(path: Union[str, Path]) -> List[InputLine]:
 def line_config(defaults: "FamilyDefaults", settings: Mapping[str, object]) -> SamplerConfig:
     """A line's SamplerConfig: its settings through the one conversion, over the model's defaults."""
     values = {key: (switch(value, key) if key in _SWITCHES else value) for key, value in settings.items()}
-    direct = {key: value for key, value in values.items() if key not in _CONVERTED}
-    config = config_from_settings(defaults, **{k: v for k, v in values.items() if k in _CONVERTED})
+    # what the one conversion takes goes through it; the other fields straight into SamplerConfig
+    direct = {key: value for key, value in values.items() if key not in SETTINGS}
+    config = config_from_settings(defaults, **{k: v for k, v in values.items() if k in SETTINGS})
     config = config.with_(**direct) if direct else config
     if config.method != "sjd_pac":  # AC and PD are parts of sjd_pac: off elsewhere, as --methods sets them
         config = config.with_(adaptive_continuation=False, proactive_drafting=False)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Mapping, Sequence, Tuple
 
-from ..bench.runner import RunRecord, markdown_table, summarise
+from ..bench.report import markdown_table
+from ..bench.summary import RunRecord, summarise
 from .jobs import Job, ModelInfo
 
 

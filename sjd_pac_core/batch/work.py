@@ -72,8 +72,10 @@ def run_job(model: ARImageModel, job: Job, worker: str = "local") -> JobOutput:
                                 negative_prompt=job.negative_prompt, resolution=job.resolution)
         latency = time.perf_counter() - start
     run = record_of(result, latency, job.method)
+    threads = torch.get_num_threads() if model.device.type == "cpu" else None
     record = run_record(job.config, prompt=job.prompt, seed=job.seed, negative_prompt=job.negative_prompt,
-                        resolution=result.encoding.resolution, model=job.model, family=model.family)
+                        resolution=result.encoding.resolution, model=job.model, family=model.family,
+                        device=str(model.device), threads=threads)
     line = {
         "id": job.id, "method": job.method, "prompt": job.prompt, "negative_prompt": job.negative_prompt,
         "resolution": result.encoding.resolution, "seed": job.seed, "input_line": job.line,
@@ -87,7 +89,7 @@ def run_job(model: ARImageModel, job: Job, worker: str = "local") -> JobOutput:
         "accepted": histogram(run.accept_lengths[1:]), "windows": histogram(run.windows[1:]),
         "tree_nodes": run.tree_nodes, "kept_by_ac": run.kept_by_ac,
         "token_digest": run.token_digest,
-        "worker": worker, "device": str(model.device), "torch_threads": torch.get_num_threads(),
+        "worker": worker, "device": str(model.device), "threads": threads,
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "warnings": sorted({str(w.message) for w in caught}),
     }

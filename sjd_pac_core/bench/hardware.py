@@ -112,7 +112,7 @@ def sampler_overhead(model, shape: Shape, methods: Sequence[str], tokens: int, c
     `sample_tokens` run over the last `tokens` image tokens at the shape's real context."""
     from ..engine.loop import sample_tokens
     from ..models.causal_lm import CausalLMAdapter
-    from .runner import parse_method
+    from .methods import parse_method
 
     g = torch.Generator().manual_seed(seed)
     adapter = CausalLMAdapter(model, token_space=image_token_ids(shape, device))
@@ -154,7 +154,9 @@ def demo_rows(device: str, methods: str, prompts: int, seeds: Sequence[int], war
     """`sjd-pac bench --methods ...` on the demo model on the device: the summary table."""
     import sjd_pac_core as sp
 
-    from .runner import load_prompts, markdown_table, parse_methods, run_bench, to_json
+    from .methods import parse_methods
+    from .report import markdown_table, to_json
+    from .runner import load_prompts, run_bench
 
     model = sp.load_model("demo", device=device)
     with warnings.catch_warnings():
@@ -236,8 +238,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
 
     from ..models.loader import resolve_device
-    from .cli import parse_seeds
-    from .runner import BASELINE_METHODS
+    from .methods import parse_seeds
+    from .methods import BASELINE_METHODS
 
     device = resolve_device(args.device)
     table = TINY_SHAPES if args.tiny else {**SHAPES, **CPU_SHAPES}

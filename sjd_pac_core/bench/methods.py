@@ -1,9 +1,11 @@
-"""The benchmark's method grid, without torch: `--methods` text -> MethodSpec rows, `--seeds` text
--> seeds. Shared by `sjd-pac bench` and `sjd-pac batch`, whose arguments are checked before torch
-is imported.
+"""The benchmark's grid: which methods run, written as a small grammar.
 
-    parse_methods("ar,sjd@32,sjd-pac@64")  -> [MethodSpec('ar'), MethodSpec('sjd', 32), ...]
-    spec.config(base)                      -> the SamplerConfig that row runs with
+    ar, sjd@32, sjd+pd@64, sjd+ac@32, sjd-pac@auto, generate, generate-static:compile,
+    sjd-pac@64:gumbel, ar:compile, sjd-pac@32:s0, sjd-pac@32:d2:f8
+
+A row is a variant (plain AR, SJD, SJD with Proactive Drafting or Adaptive Continuation only,
+SJD-PAC, transformers' generate), a window L, and modifiers: a verification rule, compilation,
+a tree shape (depth, widths, side chain). `MethodSpec.config` turns a row into the SamplerConfig it runs.
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ AR_VARIANTS = ("ar", "generate", "generate-static")
 GENERATE_VARIANTS = ("generate", "generate-static")
 _RULES = ("rejection", "gumbel")
 _COMPILE = ("compile", "compiled")
-_NO_SIDE = ("noside",)  # tree_side_chain=0: the pre-side-chain tree (fewer nodes per pass)
-_TREE_MODIFIER = re.compile(r"([dkf])(\d+)")
+_TREE_MODIFIER = re.compile(r"([dkfs])(\d+)")
 # modifier letter -> (MethodSpec / SamplerConfig field, label); one table for parse, key, label, config
-_TREE_KNOBS = {"d": ("tree_depth", "D"), "k": ("tree_width", "K"), "f": ("tree_first_width", "first K")}
+_TREE_KNOBS = {"d": ("tree_depth", "D"), "k": ("tree_width", "K"), "f": ("tree_first_width", "first K"),
+               "s": ("tree_side_chain", "side chain")}
 
 # Issue 13's honest baselines: transformers' generate (dynamic cache; static cache; static cache +
 # torch.compile), our AR, SJD and SJD-PAC, each eager and compiled (SamplerConfig(compile=True)).
@@ -62,10 +64,10 @@ class MethodSpec:
     window: Union[int, str, None] = None
     verify: Optional[str] = None
     compiled: bool = False
-    no_side_chain: bool = False
     tree_depth: Optional[int] = None  # :dD, None = the base config's D
     tree_width: Optional[int] = None  # :kK
     tree_first_width: Optional[int] = None  # :fF (f0: the first level as wide as the others)
+    tree_side_chain: Optional[int] = None  # :sS (s0: no side chains, fewer nodes per pass)
 
     def _tree_knobs(self) -> List[Tuple[str, str, str, int]]:
         """(modifier letter, field, label, value) of every tree knob this row sets."""
@@ -79,8 +81,7 @@ class MethodSpec:
     @property
     def key(self) -> str:
         key = self.variant if self.window is None else f"{self.variant}@{self.window}"
-        return (key + (f":{self.verify}" if self.verify else "") + (":compile" if self.compiled else "")
-                + (":noside" if self.no_side_chain else "") + self.tree_text)
+        return key + (f":{self.verify}" if self.verify else "") + (":compile" if self.compiled else "") + self.tree_text
 
     @property
     def label(self) -> str:
@@ -88,7 +89,7 @@ class MethodSpec:
         name = name if self.window is None else f"{name} L={self.window}"
         tree = ", ".join(f"{label}={value}" for _, _, label, value in self._tree_knobs())
         return (name + (f", {self.verify}" if self.verify else "") + (", compiled" if self.compiled else "")
-                + (", no side chains" if self.no_side_chain else "") + (f", {tree}" if tree else ""))
+                + (f", {tree}" if tree else ""))
 
     @property
     def is_ar(self) -> bool:
@@ -108,8 +109,6 @@ class MethodSpec:
             changes["verify"] = self.verify
         # generate rows compile through transformers (bench/baselines.py), not through our engine
         changes["compile"] = self.compiled and not self.is_generate
-        if self.no_side_chain:
-            changes["tree_side_chain"] = 0
         for _, name, _, value in self._tree_knobs():
             # f0 asks for no separate first-level width (None in SamplerConfig)
             changes[name] = None if name == "tree_first_width" and value == 0 else value
@@ -118,9 +117,9 @@ class MethodSpec:
 
 def parse_method(text: str) -> MethodSpec:
     """'ar', 'sjd@32', 'sjd+pd@64', 'sjd-pac@auto', 'generate', 'generate-static:compile',
-    'sjd-pac@64:gumbel', 'ar:compile', 'sjd-pac@32:noside' -> MethodSpec. Modifiers after ':' are
-    a verification rule (rejection, gumbel), compile, noside (tree_side_chain=0) and a tree shape:
-    dD (depth), kK (width), fF (first level's width; f0 = as wide as the others), e.g.
+    'sjd-pac@64:gumbel', 'ar:compile', 'sjd-pac@32:s0' -> MethodSpec. Modifiers after ':' are
+    a verification rule (rejection, gumbel), compile and a tree shape: dD (depth), kK (width), fF
+    (first level's width; f0 = as wide as the others), sS (side chain; s0 = none), e.g.
     'sjd-pac@32:d2:f8'."""
     head, *modifiers = text.strip().lower().split(":")
     name, _, window = head.partition("@")
@@ -130,7 +129,7 @@ def parse_method(text: str) -> MethodSpec:
             f"Unknown method {text!r} in --methods; use ar, generate, generate-static, sjd@L, sjd+pd@L, "
             "sjd+ac@L or sjd-pac@L (L an integer or auto), optionally with :gumbel / :rejection / :compile, "
             "comma-separated.")
-    verify, compiled, no_side = None, False, False
+    verify, compiled = None, False
     tree: dict = {}
     for modifier in modifiers:
         shape = _TREE_MODIFIER.fullmatch(modifier)
@@ -140,20 +139,19 @@ def parse_method(text: str) -> MethodSpec:
             verify = modifier
         elif modifier in _COMPILE and not compiled:
             compiled = True
-        elif modifier in _NO_SIDE and not no_side:
-            no_side = True
         else:
             raise ValueError(f"Modifier {modifier!r} in {text!r}: use at most one of :rejection / :gumbel, "
-                             ":compile, :noside, and a tree shape :dD / :kK / :fF.")
+                             ":compile, and a tree shape :dD / :kK / :fF / :sS.")
     if tree and name not in ("sjd+pd", "sjd-pac"):
-        raise ValueError(f"{text!r}: a tree shape (:d / :k / :f) needs a method with a tree, sjd+pd or sjd-pac.")
+        raise ValueError(f"{text!r}: a tree shape (:d / :k / :f / :s) needs a method with a tree, sjd+pd or "
+                         "sjd-pac.")
     if name == "generate" and compiled:
         raise ValueError(f"{text!r}: transformers compiles generate only with a static cache; write "
                          "generate-static:compile.")
     if name in AR_VARIANTS:
         if window:
             raise ValueError(f"{_VARIANTS[name][3]} has no window; write {name!r}, not {text!r}.")
-        return MethodSpec(name, None, verify, compiled, no_side, **tree)
+        return MethodSpec(name, None, verify, compiled, **tree)
     if not window:
         raise ValueError(f"Method {text!r} needs a window, e.g. {name}@32 or {name}@auto.")
     if window != "auto":
@@ -163,7 +161,7 @@ def parse_method(text: str) -> MethodSpec:
             raise ValueError(f"Window in {text!r} must be an integer or 'auto'.") from None
         if window < 1:
             raise ValueError(f"Window in {text!r} must be >= 1.")
-    return MethodSpec(name, window, verify, compiled, no_side, **tree)
+    return MethodSpec(name, window, verify, compiled, **tree)
 
 
 def parse_methods(text: str) -> List[MethodSpec]:
@@ -201,15 +199,23 @@ def with_rules(specs: Sequence[MethodSpec], rules: Sequence[str]) -> List[Method
     return out
 
 
+def method_label(key: str) -> str:
+    """A row's human label ('SJD-PAC L=32, gumbel'), or the key itself if it is not a method."""
+    try:
+        return parse_method(key).label
+    except ValueError:
+        return key
+
+
 # The sampling recipe (SamplingRecipe's fields): what every method samples from, not how.
 RECIPE_FIELDS = ("cfg_scale", "temperature", "top_k", "top_p")
 
 
 def method_key(config: SamplerConfig, base: SamplerConfig) -> str:
-    """The grid key of the row that turns `base` into `config` ('sjd-pac@64', 'sjd@32:rejection',
-    'sjd-pac@32:d2'): the inverse of MethodSpec.config, for settings written out field by field.
-    Fields a key has no modifier for are appended as ':field=value', so that two different
-    settings never share a key. The recipe (RECIPE_FIELDS) is not part of a method."""
+    """The key of the row that turns `base` into `config` ('sjd-pac@64', 'sjd@32:rejection',
+    'sjd-pac@32:d2'): MethodSpec.config's inverse, for settings written out field by field. Fields
+    a key has no modifier for are appended as ':field=value', so that two different settings never
+    share a key. The recipe (RECIPE_FIELDS) is not part of a method."""
     pac = config.method == "sjd_pac"
     variant = next((name for name, (method, ac, pd, _) in _VARIANTS.items()
                     if name not in GENERATE_VARIANTS and method == config.method
@@ -219,8 +225,7 @@ def method_key(config: SamplerConfig, base: SamplerConfig) -> str:
     tree = {name: 0 if name == "tree_first_width" and getattr(config, name) is None else getattr(config, name)
             for name, _ in _TREE_KNOBS.values() if has_tree and getattr(config, name) != getattr(base, name)}
     spec = MethodSpec(variant, None if variant in AR_VARIANTS else config.window,
-                      verify=config.verify if config.verify != base.verify else None, compiled=config.compile,
-                      no_side_chain=has_tree and config.tree_side_chain == 0 != base.tree_side_chain, **tree)
+                      verify=config.verify if config.verify != base.verify else None, compiled=config.compile, **tree)
     row = spec.config(base.with_(**{name: getattr(config, name) for name in RECIPE_FIELDS}))
     rest = [f":{f.name}={getattr(config, f.name)}" for f in fields(SamplerConfig)
             if getattr(config, f.name) != getattr(row, f.name)

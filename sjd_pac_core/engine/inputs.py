@@ -29,7 +29,7 @@ class SampleInputs:
     config: SamplerConfig
     prompts: List[torch.Tensor]  # long 1-D: [conditional] or [conditional, unconditional] (CFG)
     num_tokens: int
-    seed: int  # in [0, 2**64): the user's seed reduced to 64 bits, or the random one drawn for None
+    seed: int  # in [0, 2**64): the user's seed, or the random one drawn for None or -1 (seeds.py)
     constraints: TokenConstraints
     callback: Optional[Callable[[Any], None]]
 

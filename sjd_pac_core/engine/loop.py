@@ -84,8 +84,8 @@ def sample_tokens(
     model: a transformers causal LM, a TokenModel adapter, or a model from load_model.
     prompt_ids, uncond_prompt_ids: one prompt each, token ids as a 1-D LongTensor (or list).
     config: a SamplerConfig, or a dict of its fields (validated into one).
-    seed: any integer, reduced to 64 bits (sampling/seeds.py); None draws a random seed, which
-        the result reports in `seed`.
+    seed: 0 .. 2**64-1; None or -1 draws a random seed, which the result reports in `seed`
+        (sampling/seeds.py).
     allowed_tokens: a mask [V] or [num_tokens, V] (bool, or 0/1 of any dtype), a list of ids,
         or TokenConstraints (which also carries forced tokens such as end-of-line).
     callback: called with a Progress after every forward pass; raise GenerationCancelled (or

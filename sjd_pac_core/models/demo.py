@@ -13,14 +13,15 @@ from PIL import Image
 
 from ..demo.model import DemoModel, load_demo
 from ..config import ConfigError
-from ..demo.vocab import VOCAB_FILE, PromptError, caption_words, parse_prompt
+from ..demo import VOCAB_FILE
+from ..demo.captions import PromptError, caption_words, parse_prompt
 from ..demo.vq import VQ_CONFIG, VQ_WEIGHTS
 from .causal_lm import CausalLMAdapter
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .checks import ModelLoadError, check_checkpoint_matches
 
 
-# `demo.train` builds a 1D-RoPE Llama (its default, the shipped model) or a GPT-2 with learned
+# `demo.tools.train` builds a 1D-RoPE Llama (its default, the shipped model) or a GPT-2 with learned
 # absolute positions (`--arch gpt2`; README, "The bundled demo model").
 DEMO_MODEL_TYPES = ("gpt2", "llama")
 # Sampling defaults a demo folder may set in its generation_config.json (transformers' keys).
@@ -53,7 +54,7 @@ def folder_defaults(folder: Path, base: FamilyDefaults) -> FamilyDefaults:
 
 class DemoImageModel(ARImageModel):
     family = "demo"
-    # Measured on the shipped weights (README, "Demo model"; `python -m sjd_pac_core.demo.quality`):
+    # Measured on the shipped weights (README, "Demo model"; `python -m sjd_pac_core.demo.tools.quality`):
     # CFG 2 at temperature 0.8 gets background and object colour right on 96 % of held-out
     # prompts; CFG 3 paints the object colour over the background, temperature 1 adds stray blobs.
     # The sampler's shape is the fastest measured on a 2-core CPU, where the demo runs: a pass costs
@@ -88,7 +89,7 @@ class DemoImageModel(ARImageModel):
             if not (folder / name).is_file():
                 raise ModelLoadError(
                     f"{folder / name} is missing; rebuild the demo model with "
-                    "`python -m sjd_pac_core.demo.train`."
+                    "`python -m sjd_pac_core.demo.tools.train`."
                 )
         # transformers would fill a missing weight with random values: compare the file's header
         # with the model config.json builds (on the meta device: no memory) before loading.
@@ -103,7 +104,7 @@ class DemoImageModel(ARImageModel):
         except (OSError, ValueError, RuntimeError, KeyError) as exc:
             raise ModelLoadError(
                 f"The demo model in {folder} could not be loaded ({' '.join(str(exc).split())[:200]}); "
-                "rebuild it with `python -m sjd_pac_core.demo.train`."
+                "rebuild it with `python -m sjd_pac_core.demo.tools.train`."
             ) from None
         demo.model.to(device)
         demo.vq.to(device)

@@ -106,7 +106,7 @@ def resolve_folder(path: Union[str, os.PathLike]) -> Path:
         if not (DEMO_FOLDER / "config.json").is_file():
             raise ModelLoadError(
                 f"The bundled demo model is missing from {DEMO_FOLDER}; rebuild it with "
-                "`python -m sjd_pac_core.demo.train`."
+                "`python -m sjd_pac_core.demo.tools.train`."
             )
         return DEMO_FOLDER
     folder = Path(path).expanduser()
@@ -142,7 +142,7 @@ def detect_family(folder: Path, config: dict) -> str:
 def _rebuild_demo(exc: ModelLoadError) -> ModelLoadError:
     """The demo model is not downloaded but built by our script: name that as the fix."""
     return ModelLoadError(
-        f"{str(exc).rsplit(';', 1)[0]}; rebuild the bundled demo model with `python -m sjd_pac_core.demo.train`."
+        f"{str(exc).rsplit(';', 1)[0]}; rebuild the bundled demo model with `python -m sjd_pac_core.demo.tools.train`."
     )
 
 

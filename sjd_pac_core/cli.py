@@ -1,4 +1,4 @@
-"""Command line: `sjd-pac generate` (one image) and `sjd-pac bench` (the benchmark).
+"""Command line: `sjd-pac generate` (one image), `sjd-pac batch` (many) and `sjd-pac bench` (the benchmark).
 
 Every argument, the output path included, is parsed and checked before torch is imported or a
 model is loaded: `--help` and a mistyped flag answer at once, and a run never fails at its end
@@ -20,8 +20,8 @@ from typing import Iterator, List, Optional
 # Only light modules at import time: config and settings import neither torch nor transformers.
 from .config import ConfigError
 from .demo import EXAMPLE_PROMPT
-from .images import MAX_UPSCALE, UPSCALE_FILTERS
-from .settings import RECORD_PNG_KEY, SETTINGS, config_from_settings, flag, seed_value, window_value
+from .images import MAX_UPSCALE, UPSCALE_FILTERS, png_bytes
+from .settings import SETTINGS, config_from_settings, flag, seed_value, window_value
 
 DEVICE_NAMES = "auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps"
 BENCH_COMMANDS = ("bench", "lossless")
@@ -171,13 +171,7 @@ def check_demo_prompt(model: str, prompt: str) -> None:
 def save_with_settings(image, path: Path, record: dict) -> None:
     """Save `image`; a PNG also carries the run record (prompt, seed, every knob) as JSON text."""
     if path.suffix.lower() == ".png":
-        import json
-
-        from PIL.PngImagePlugin import PngInfo
-
-        info = PngInfo()
-        info.add_text(RECORD_PNG_KEY, json.dumps(record))
-        image.save(path, pnginfo=info)
+        path.write_bytes(png_bytes(image, record))
     else:
         image.save(path)
 
@@ -275,6 +269,11 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     gen.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_sampler_args(gen)
     gen.set_defaults(func=_generate, validate=validate_generate_args)
+
+    from .batch.cli import add_batch_parser  # light, like generate: its checks run before torch
+
+    add_batch_parser(sub, check_writable_folder=check_writable_folder, check_device=check_device,
+                     check_demo_prompt=check_demo_prompt, quiet_loading=_no_transformers_bars)
 
     # The benchmark's parser imports torch: build it only when its command is asked for, so that
     # `sjd-pac --help` and `sjd-pac generate` start without it.

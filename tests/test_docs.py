@@ -61,7 +61,8 @@ RUN_MARKER = "<!-- doc-test: run -->"
 FILE_SUFFIXES = {"py", "md", "json", "jsonl", "txt", "png", "jpg", "js", "yaml", "toml", "ckpt", "safetensors"}
 
 # Programs a doc may name without a check of their arguments (a user's shell, not ours).
-PLAIN_PROGRAMS = {"cd", "export", "source", ".", "echo", "ln", "ssh", "apt-get", "sudo", "ls", "mkdir"}
+PLAIN_PROGRAMS = {"cd", "export", "source", ".", "echo", "ln", "ssh", "apt-get", "sudo", "ls", "mkdir",
+                  "ray"}
 # Flags of other programs that the prose mentions (ComfyUI's server, pytest, pip, venv, ...).
 FOREIGN_FLAGS = {
     "--cpu", "--preview-method", "--clear", "--durations", "--local-dir", "--index-url", "-n",

@@ -26,33 +26,13 @@ import torch
 
 from ..settings import config_from_settings
 from .lossless import DEFAULT_CONTROL_TEMPERATURE
-from .methods import (DEFAULT_METHODS, PRESETS, RULE_VARIANTS, RULE_WINDOWS, MethodSpec, parse_methods, rule_grid,
-                      with_rules)
+from .methods import (DEFAULT_METHODS, PRESETS, RULE_VARIANTS, RULE_WINDOWS, MethodSpec, parse_methods,
+                      parse_seeds, rule_grid, with_rules)
 from .runner import load_prompts
 
 LOSSLESS_METHODS = "sjd-pac@64"
 LOSSLESS_PROMPTS = 2
 LOSSLESS_SEEDS = "0-119"
-
-
-def parse_seeds(text: str) -> List[int]:
-    """'0', '0,3,7', '0-9' or a mix: '0-4,10'."""
-    seeds: List[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, dash, hi = part.partition("-")
-        try:
-            if dash:
-                seeds.extend(range(int(lo), int(hi) + 1))
-            else:
-                seeds.append(int(part))
-        except ValueError:
-            raise ValueError(f"--seeds {text!r}: use integers, lists (0,1,2) or ranges (0-9).") from None
-    if not seeds:
-        raise ValueError("--seeds is empty.")
-    return seeds
 
 
 def _common_args(p: argparse.ArgumentParser) -> None:

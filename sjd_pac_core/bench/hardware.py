@@ -238,8 +238,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
 
     from ..models.loader import resolve_device
-    from .cli import parse_seeds
-    from .methods import BASELINE_METHODS
+    from .methods import BASELINE_METHODS, parse_seeds
 
     device = resolve_device(args.device)
     table = TINY_SHAPES if args.tiny else {**SHAPES, **CPU_SHAPES}

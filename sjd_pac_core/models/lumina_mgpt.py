@@ -135,10 +135,18 @@ class LuminaLayoutChameleon(ChameleonForConditionalGeneration):
                     norm.bias = nn.Parameter(norm.bias.repeat_interleave(repeats, 0), requires_grad=False)
 
 
+# The VQGAN's weights: a safetensors copy (see chameleon_vqgan.CONVERT_COMMAND) before Meta's file.
+VQGAN_WEIGHTS = ("vqgan.safetensors", "vqgan.ckpt")
+
+
+def vqgan_weights(vq_dir: Path) -> Optional[Path]:
+    return next((vq_dir / name for name in VQGAN_WEIGHTS if (vq_dir / name).is_file()), None)
+
+
 def find_vqgan_dir(folder: Path) -> Optional[Path]:
     for sub in VQGAN_DIRS:
         d = (folder / sub).resolve()
-        if (d / "vqgan.yaml").is_file() and (d / "vqgan.ckpt").is_file():
+        if (d / "vqgan.yaml").is_file() and vqgan_weights(d) is not None:
             return d
     return None
 
@@ -281,7 +289,7 @@ class LuminaMGPTImageModel(ARImageModel):
         try:
             # The small VQGAN first, so a bad vqgan.ckpt fails before gigabytes of weights are read;
             # fp32 always: the decoder is small, and the reference decodes in fp32.
-            vqgan = load_chameleon_vqgan(vq_dir / "vqgan.yaml", vq_dir / "vqgan.ckpt", device)
+            vqgan = load_chameleon_vqgan(vq_dir / "vqgan.yaml", vqgan_weights(vq_dir), device)
         except VQGANLoadError as exc:
             raise ModelLoadError(str(exc)) from None
         model = cls.load_chameleon(folder, config, dtype, device, options, prepare=lambda m: keep_head_rows(m, vocab.token_space))

@@ -127,3 +127,125 @@ def test_the_conversion_command_makes_a_vqgan_safetensors_that_is_read_first(bui
     with pytest.raises(sp.ModelLoadError, match="vqgan.safetensors is truncated") as err:
         sp.load_model(folder, dtype="fp32", device="cpu")
     one_sentence(str(err.value))
+
+
+# --- 2. sliding-window attention ---------------------------------------------------------------
+PROMPT = torch.tensor([1, 2, 3])
+N = 30
+
+
+def tiny_lm(cls, config_cls, **fields):
+    torch.manual_seed(0)
+    config = config_cls(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256, **fields)
+    model = cls(config).eval()
+    with torch.no_grad():  # peaked conditionals that depend on the whole prefix
+        model.lm_head.weight.mul_(30.0)
+        model.model.embed_tokens.weight.mul_(3.0)
+    return model
+
+
+def greedy_reference(model) -> torch.Tensor:
+    out = model.generate(PROMPT[None], max_new_tokens=N, min_new_tokens=N, do_sample=False)
+    return out[0, PROMPT.numel():]
+
+
+def greedy_ours(model, method: str) -> torch.Tensor:
+    config = sp.SamplerConfig(method=method, verify="gumbel", top_k=1, window=4)
+    return sp.sample_tokens(model, PROMPT, N, config=config, seed=0).tokens
+
+
+WINDOW_REFUSED = [
+    ("Mistral, window 8", lambda: tiny_lm(MistralForCausalLM, MistralConfig, sliding_window=8)),
+    ("Qwen2, window 8 on its upper layer", lambda: tiny_lm(Qwen2ForCausalLM, Qwen2Config, use_sliding_window=True,
+                                                             sliding_window=8, max_window_layers=1)),
+    ("Mistral, window shorter than the run's cache", lambda: tiny_lm(MistralForCausalLM, MistralConfig,
+                                                                      sliding_window=100)),
+    # transformers' generate applies even a stray key (its masks read any config's sliding_window)
+    ("Llama with a sliding_window key", lambda: tiny_lm(LlamaForCausalLM, LlamaConfig, sliding_window=8)),
+]
+
+
+@pytest.mark.parametrize("build", [r[1] for r in WINDOW_REFUSED], ids=[r[0] for r in WINDOW_REFUSED])
+@pytest.mark.parametrize("method", ["ar", "sjd_pac"])
+def test_a_run_past_the_sliding_window_is_refused_before_any_pass(build, method):
+    model = build()
+    calls: List[int] = []
+    model.register_forward_pre_hook(lambda *a, **k: calls.append(1), with_kwargs=True)
+    with pytest.raises(sp.ConfigError) as err:
+        greedy_ours(model, method)
+    message = str(err.value)
+    assert type(err.value) is sp.ConfigError and "uses sliding-window attention over" in message
+    assert "a run that fits in the window is exact" in message
+    one_sentence(message)
+    assert calls == []
+
+
+WINDOW_ACCEPTED = [
+    ("Mistral without a window", lambda: tiny_lm(MistralForCausalLM, MistralConfig, sliding_window=None)),
+    ("Mistral, window past the context", lambda: tiny_lm(MistralForCausalLM, MistralConfig, sliding_window=4096)),
+    ("Mistral, window that holds the whole run", lambda: tiny_lm(MistralForCausalLM, MistralConfig,
+                                                                  sliding_window=200)),
+    ("Qwen2, use_sliding_window off", lambda: tiny_lm(Qwen2ForCausalLM, Qwen2Config, sliding_window=8)),
+    ("Llama", lambda: tiny_lm(LlamaForCausalLM, LlamaConfig)),
+]
+
+
+@pytest.mark.parametrize("build", [r[1] for r in WINDOW_ACCEPTED], ids=[r[0] for r in WINDOW_ACCEPTED])
+@pytest.mark.parametrize("method", ["ar", "sjd", "sjd_pac"])
+def test_an_accepted_window_gives_the_models_own_greedy_tokens(build, method):
+    model = build()
+    assert torch.equal(greedy_ours(model, method), greedy_reference(model))
+
+
+@pytest.mark.parametrize("build", [r[1] for r in WINDOW_REFUSED], ids=[r[0] for r in WINDOW_REFUSED])
+def test_the_refused_windows_really_change_what_the_model_computes(build):
+    # The control, with the check switched off: our logits over a 120-token prompt differ from the
+    # model's own forward, or (where its forward ignores the key) our tokens from its generate.
+    model = build()
+    adapter = sp.CausalLMAdapter(model)
+    adapter.sliding_window = None
+    prompt = torch.randint(0, 32, (120,), generator=torch.Generator().manual_seed(1))
+    session = adapter.open_session([prompt])
+    ours = session.prefill()[0]
+    session.close()
+    own_forward = model(prompt[None]).logits[0, -1]
+    config = sp.SamplerConfig(method="ar", verify="gumbel", top_k=1)
+    tokens = sp.sample_tokens(adapter, PROMPT, N, config=config, seed=0).tokens
+    assert not torch.allclose(ours, own_forward, atol=1e-3) or not torch.equal(tokens, greedy_reference(model))
+
+
+def test_the_control_agrees_without_a_window():
+    model = tiny_lm(MistralForCausalLM, MistralConfig, sliding_window=None)
+    prompt = torch.randint(0, 32, (120,), generator=torch.Generator().manual_seed(1))
+    session = sp.CausalLMAdapter(model).open_session([prompt])
+    assert torch.allclose(session.prefill()[0], model(prompt[None]).logits[0, -1], atol=1e-3)
+
+
+def _janus_with_window(built, tmp_path, window: int) -> Path:
+    folder = copy_of(built, "janus", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"].update(model_type="mistral", sliding_window=window)  # the same weights, a Mistral body
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_load_model_refuses_a_window_shorter_than_any_image(built, tmp_path, no_weights):
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.load_model(_janus_with_window(built, tmp_path, 8), dtype="fp32", device="cpu")
+    message = str(err.value)
+    assert "sliding-window attention over 8 positions" in message and "smallest image needs 37 positions" in message
+    one_sentence(message)
+
+
+def test_a_family_window_is_checked_per_run_and_a_covering_one_is_exact(built, tmp_path):
+    base = sp.load_model(built["janus"], dtype="fp32", device="cpu")
+    config = base.defaults.sampler_config(verify="gumbel", top_k=5)
+    short = sp.load_model(_janus_with_window(built, tmp_path / "short", 40), dtype="fp32", device="cpu")
+    with pytest.raises(sp.ConfigError, match="over 40 positions.*this run reserves") as err:
+        sp.generate_image(short, "a red cat", config=config, seed=1)
+    one_sentence(str(err.value))
+    wide = sp.load_model(_janus_with_window(built, tmp_path / "wide", 4096), dtype="fp32", device="cpu")
+    assert type(wide.model.model.language_model).__name__ == "MistralModel"
+    assert torch.equal(sp.generate_image(wide, "a red cat", config=config, seed=1).tokens,
+                       sp.generate_image(base, "a red cat", config=config, seed=1).tokens)

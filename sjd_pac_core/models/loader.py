@@ -177,6 +177,21 @@ def memory_plan(
     return plan_memory(cls.memory_shape(config, folder), dev, resolve_dtype(dtype, dev), resolution, rows=rows)
 
 
+def check_family_window(folder: Path, config: dict, shape) -> None:
+    """A sliding attention window shorter than the family's smallest image (plus one prompt token)
+    makes every run inexact: refused before any weight is read. A longer window is checked per run
+    (the sampler's session refuses a run that does not fit in it)."""
+    from .config_checks import config_sliding_window, window_message
+
+    window = config_sliding_window(config)
+    shortest = min(shape.image_tokens.values()) + 1
+    if window is not None and window < shortest:
+        raise ModelLoadError(window_message(
+            f"The model in {folder}", window,
+            f"even its smallest image needs {shortest:,} positions with a one-token prompt",
+            "use a checkpoint without sliding-window attention (or whose window covers its images)"))
+
+
 def _choose_precision(plan, quantize: str, dev: torch.device, spread: bool) -> str:
     """The precision to load with: quantize, or for "auto" the most precise that fits; a precision
     that does not fit (and is not spread over devices) is one sentence naming what fits."""
@@ -253,6 +268,7 @@ def load_model(
             cls.load(folder, config, torch_dtype, dev)
             raise ModelLoadError(f"{folder / 'config.json'} does not describe a model sjd-pac can plan for; "
                                  "download config.json of the checkpoint again.")
+        check_family_window(folder, config, shape)
         plan = plan_memory(shape, dev, torch_dtype)
         spread = device_map is not None
         if not spread and str(device) == "auto" and dev.type == "cuda" and quantize == "none" and not plan.fits("none"):

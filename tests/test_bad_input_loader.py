@@ -249,3 +249,159 @@ def test_a_family_window_is_checked_per_run_and_a_covering_one_is_exact(built, t
     assert type(wide.model.model.language_model).__name__ == "MistralModel"
     assert torch.equal(sp.generate_image(wide, "a red cat", config=config, seed=1).tokens,
                        sp.generate_image(base, "a red cat", config=config, seed=1).tokens)
+
+
+# --- 3. weight files -----------------------------------------------------------------------------
+Q_PROJ = "layers.0.self_attn.q_proj.weight"
+
+
+def _header(path: Path):
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    return data, length, json.loads(data[8 : 8 + length])
+
+
+def _write_header(path: Path, text: str) -> None:
+    data, length, _ = _header(path)
+    raw = text.encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + length :])
+
+
+def _set_dtype(folder: Path, dtype: str, file: str = "model.safetensors", suffix: str = Q_PROJ) -> str:
+    path = folder / file
+    _, _, header = _header(path)
+    key = next(k for k in header if k.endswith(suffix))
+    header[key]["dtype"] = dtype
+    _write_header(path, json.dumps(header))
+    return key
+
+
+def _fault_unknown_dtype(folder: Path):
+    key = _set_dtype(folder, "F31")
+    return ["model.safetensors stores the weight", key, "as 'F31', which is not a safetensors data type"]
+
+
+def _fault_dtype_of_another_width(folder: Path):
+    key = _set_dtype(folder, "F16")
+    return ["model.safetensors gives the weight", key, "(F16, shape [32, 32]) 4,096 bytes", "take 2,048"]
+
+
+def _fault_integer_dtype_of_the_same_width(folder: Path):
+    key = _set_dtype(folder, "I32")  # the same 4 bytes per value: nothing else notices
+    return ["model.safetensors stores the weight", key, "as I32 (integers)", "holds it in floating point"]
+
+
+def _fault_bool_dtype(folder: Path):
+    key = _set_dtype(folder, "BOOL")
+    return ["model.safetensors gives the weight", key, "(BOOL, shape [32, 32])"]
+
+
+def _fault_duplicated_name(folder: Path):
+    path = folder / "model.safetensors"
+    _, _, header = _header(path)
+    key = next(k for k in header if k.endswith(Q_PROJ))
+    text = json.dumps(header)
+    _write_header(path, text[:-1] + ", " + json.dumps({key: header[key]})[1:])  # the key twice
+    return ["model.safetensors names the weight", key, "twice in its header"]
+
+
+def _fault_overlapping_data(folder: Path):
+    path = folder / "model.safetensors"
+    _, _, header = _header(path)
+    names = sorted((v["data_offsets"][0], k) for k, v in header.items() if k != "__metadata__")
+    first, second = header[names[0][1]], header[names[1][1]]
+    if first["shape"] == second["shape"] and first["dtype"] == second["dtype"]:
+        second["data_offsets"] = list(first["data_offsets"])
+    else:  # point the second at the first one's bytes with its own length
+        length = second["data_offsets"][1] - second["data_offsets"][0]
+        second["data_offsets"] = [0, length]
+    _write_header(path, json.dumps(header))
+    return ["model.safetensors has weights whose data overlap or leave gaps"]
+
+
+def _fault_bytes_after_the_last_weight(folder: Path):
+    with open(folder / "model.safetensors", "ab") as f:
+        f.write(b"\0" * 64)
+    return ["model.safetensors has 64 bytes after its last weight"]
+
+
+def _fault_weight_file_is_a_folder(folder: Path):
+    (folder / "extra.safetensors").mkdir()
+    return ["extra.safetensors is a folder, not a weight file"]
+
+
+def _fault_model_safetensors_is_a_folder(folder: Path):
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").mkdir()
+    return ["model.safetensors is a folder, not a weight file"]
+
+
+def _fault_broken_link(folder: Path):
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to(folder / "gone" / "model.safetensors")
+    return ["model.safetensors is a link to", "which does not exist", "fix the link"]
+
+
+WEIGHT_FAULTS = {
+    "unknown dtype": _fault_unknown_dtype,
+    "dtype of another width (F32 -> F16)": _fault_dtype_of_another_width,
+    "integer dtype of the same width (F32 -> I32)": _fault_integer_dtype_of_the_same_width,
+    "bool dtype": _fault_bool_dtype,
+    "a tensor named twice": _fault_duplicated_name,
+    "overlapping data": _fault_overlapping_data,
+    "bytes after the last weight": _fault_bytes_after_the_last_weight,
+    "a *.safetensors folder": _fault_weight_file_is_a_folder,
+    "model.safetensors a folder": _fault_model_safetensors_is_a_folder,
+    "model.safetensors a broken link": _fault_broken_link,
+}
+
+
+@pytest.mark.parametrize("fault", list(WEIGHT_FAULTS), ids=list(WEIGHT_FAULTS))
+def test_weight_file_faults_are_one_sentence_before_any_weight_is_read(built, tmp_path, fault, monkeypatch):
+    folder = copy_of(built, "emu3", tmp_path)
+    needles = WEIGHT_FAULTS[fault](folder)
+    import transformers
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("weights were read before the files were checked")
+
+    monkeypatch.setattr(transformers.Emu3ForConditionalGeneration, "from_pretrained", forbidden)
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.load_model(folder, dtype="fp32", device="cpu")
+    message = str(err.value)
+    assert type(err.value) is sp.ModelLoadError and str(folder) in message
+    for needle in needles:
+        assert needle in message, message
+    one_sentence(message)
+
+
+def test_integer_buffers_of_the_model_stay_accepted(built):
+    # Emu3's VQ holds BatchNorm counters (I64) in the file: the dtype check must not refuse them.
+    _, _, header = _header(built["emu3"] / "model.safetensors")
+    assert any(v["dtype"] == "I64" for k, v in header.items() if k != "__metadata__")
+    assert sp.load_model(built["emu3"], dtype="fp32", device="cpu").family == "emu3"
+
+
+def test_a_link_to_the_weights_loads_like_the_file(built, tmp_path):
+    folder = copy_of(built, "emu3", tmp_path)
+    (folder / "model.safetensors").rename(tmp_path / "elsewhere.safetensors")
+    (folder / "model.safetensors").symlink_to(tmp_path / "elsewhere.safetensors")
+    model = sp.load_model(folder, dtype="fp32", device="cpu")
+    base = sp.load_model(built["emu3"], dtype="fp32", device="cpu")
+    assert all(torch.equal(a, b) for a, b in zip(model.model.state_dict().values(), base.model.state_dict().values()))
+
+
+@pytest.mark.parametrize("file,key", [("model.safetensors", "model.layers.0.mlp.up_proj.weight"),
+                                      ("vq.safetensors", None)])
+def test_demo_weights_stored_as_integers_name_the_rebuild(tmp_path, file, key):
+    copy = Path(shutil.copytree(loader.DEMO_FOLDER, tmp_path / "demo"))
+    if key is None:
+        _, _, header = _header(copy / file)
+        key = next(k for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32")
+    _set_dtype(copy, "I32", file, key)
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.load_model(copy, device="cpu")
+    message = str(err.value)
+    assert f"{file} stores the weight {key} as I32 (integers)" in message
+    assert "python -m sjd_pac_core.demo.train" in message
+    one_sentence(message)

@@ -405,3 +405,89 @@ def test_demo_weights_stored_as_integers_name_the_rebuild(tmp_path, file, key):
     assert f"{file} stores the weight {key} as I32 (integers)" in message
     assert "python -m sjd_pac_core.demo.train" in message
     one_sentence(message)
+
+
+# --- 4. config.json values -----------------------------------------------------------------------
+def _text(key, value):
+    def change(config):
+        config["text_config"][key] = value
+    return change
+
+
+def _top(key, value):
+    def change(config):
+        config[key] = value
+    return change
+
+
+def _vocabulary_entry(name, value):
+    def change(config):
+        config["vocabulary_map"][name] = value
+    return change
+
+
+CONFIG_FAULTS = [
+    ("vocab_size negative", _text("vocab_size", -1), "sets text_config.vocab_size to -1, which is not a whole number"),
+    ("vocab_size zero", _text("vocab_size", 0), "sets text_config.vocab_size to 0"),
+    ("vocab_size fraction", _text("vocab_size", 2.5), "sets text_config.vocab_size to 2.5"),
+    ("vocab_size text", _text("vocab_size", "64"), "sets text_config.vocab_size to '64'"),
+    ("vocab_size bool", _text("vocab_size", True), "sets text_config.vocab_size to True"),
+    ("heads zero", _text("num_attention_heads", 0), "sets text_config.num_attention_heads to 0"),
+    ("heads negative", _text("num_attention_heads", -2), "sets text_config.num_attention_heads to -2"),
+    ("heads float", _text("num_attention_heads", 2.0), "sets text_config.num_attention_heads to 2.0"),
+    ("heads not dividing the width", _text("num_attention_heads", 3),
+     "sets text_config.hidden_size = 32 with 3 attention heads, which do not divide it"),
+    ("key/value heads not dividing the heads", _text("num_key_value_heads", 3),
+     "sets text_config.num_attention_heads = 2, which 3 key/value heads do not divide"),
+    ("layers zero", _text("num_hidden_layers", 0), "sets text_config.num_hidden_layers to 0"),
+    ("context negative", _text("max_position_embeddings", -5), "sets text_config.max_position_embeddings to -5"),
+    ("text_config a list", _top("text_config", [1, 2]), "has a text_config that is a JSON list"),
+    ("vocabulary_map a list", _top("vocabulary_map", [["a", 1]]), "has a vocabulary_map that is a JSON list"),
+    ("vocabulary_map a str id", _vocabulary_entry("lowres", "7"), "maps the token 'lowres' to '7' in vocabulary_map"),
+    ("vocabulary_map a float id", _vocabulary_entry("lowres", 7.5), "maps the token 'lowres' to 7.5"),
+    ("vocabulary_map a bool id", _vocabulary_entry("lowres", True), "maps the token 'lowres' to True"),
+    ("vocabulary_map a negative id", _vocabulary_entry("lowres", -1), "maps the token 'lowres' to the id -1"),
+    ("vocabulary_map an id past the vocabulary", _vocabulary_entry("lowres", 10**9),
+     "maps the token 'lowres' to the id 1000000000 in vocabulary_map, outside the vocabulary of"),
+]
+
+
+@pytest.mark.parametrize("change,needle", [r[1:] for r in CONFIG_FAULTS], ids=[r[0] for r in CONFIG_FAULTS])
+def test_config_values_are_one_sentence_before_any_model_is_built(built, tmp_path, no_weights, change, needle):
+    folder = copy_of(built, "emu3", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    for call in (lambda: sp.load_model(folder, dtype="fp32", device="cpu"), lambda: sp.memory_plan(folder)):
+        with pytest.raises(sp.ModelLoadError) as err:
+            call()
+        message = str(err.value)
+        assert type(err.value) is sp.ModelLoadError and str(folder / "config.json") in message
+        assert needle in message, message
+        one_sentence(message)
+
+
+@pytest.mark.parametrize("change,needle", [
+    (_top("num_attention_heads", 0), "sets num_attention_heads to 0"),
+    (_top("vocab_size", -3), "sets vocab_size to -3"),
+    (_vocabulary_entry("<racm3:break>", 70000), "to the id 70000 in vocabulary_map, outside the vocabulary of 65536"),
+], ids=["lumina heads zero", "lumina vocab negative", "lumina id past the vocabulary"])
+def test_lumina_config_values_are_one_sentence(built, tmp_path, no_weights, change, needle):
+    folder = copy_of(built, "lumina_mgpt", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(sp.ModelLoadError, match=needle.replace("<", ".").replace(">", ".")) as err:
+        sp.load_model(folder, dtype="fp32", device="cpu")
+    one_sentence(str(err.value))
+
+
+def test_demo_config_values_name_the_rebuild(tmp_path):
+    copy = Path(shutil.copytree(loader.DEMO_FOLDER, tmp_path / "demo"))
+    config = json.loads((copy / "config.json").read_text())
+    config["num_attention_heads"] = 0
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.load_model(copy, device="cpu")
+    assert "sets num_attention_heads to 0" in str(err.value) and "python -m sjd_pac_core.demo.train" in str(err.value)
+    one_sentence(str(err.value))

@@ -147,13 +147,19 @@ def _rebuild_demo(exc: ModelLoadError) -> ModelLoadError:
 
 
 def model_family(path: Union[str, os.PathLike]) -> Tuple[Path, dict, str]:
-    """(folder, config, family) of a checkpoint folder or "demo", from the small files only."""
+    """(folder, config, family) of a checkpoint folder or "demo", from the small files only; a
+    config.json value no model can be built from is a ModelLoadError."""
+    from .config_checks import check_config_values
+
     folder = resolve_folder(path)
+    family = None
     try:
         config = read_config(folder)
-        return folder, config, detect_family(folder, config)
+        family = detect_family(folder, config)
+        check_config_values(folder / "config.json", config)
+        return folder, config, family
     except ModelLoadError as exc:
-        if folder != DEMO_FOLDER:
+        if folder != DEMO_FOLDER and family != "demo":
             raise
         raise _rebuild_demo(exc) from None
 

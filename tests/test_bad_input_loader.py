@@ -491,3 +491,50 @@ def test_demo_config_values_name_the_rebuild(tmp_path):
         sp.load_model(copy, device="cpu")
     assert "sets num_attention_heads to 0" in str(err.value) and "python -m sjd_pac_core.demo.train" in str(err.value)
     one_sentence(str(err.value))
+
+
+# --- 5. devices ----------------------------------------------------------------------------------
+DEVICE_REFUSED = [
+    ("tpu", "'tpu' is not a device name; choose one of 'auto', 'cpu'"),
+    ("CPU", "'CPU' is not a device name"),
+    ("meta", "The device 'meta' holds no data, so a model cannot run on it; choose one of"),
+    (torch.device("meta"), "The device 'meta' holds no data"),
+    ("xpu", "The device 'xpu' is not supported; choose one of"),
+    (-1, "device=-1 is not a CUDA index"),
+    (1.5, "device must be a device name or a CUDA index, got 1.5 of type float"),
+    (True, "got True of type bool"),
+    (None, "got None of type NoneType"),
+    (["cpu"], "got ['cpu'] of type list"),
+]
+
+
+@pytest.mark.parametrize("device,needle", DEVICE_REFUSED, ids=[repr(d) for d, _ in DEVICE_REFUSED])
+def test_devices_that_cannot_run_a_model_are_one_sentence(device, needle, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(loader, "_mps_available", lambda: False, raising=False)
+    for call in (lambda: sp.load_model("demo", device=device), lambda: sp.resolve_device(device)):
+        with pytest.raises(sp.ModelLoadError) as err:
+            call()
+        assert type(err.value) is sp.ModelLoadError and needle in str(err.value), str(err.value)
+        one_sentence(str(err.value))
+
+
+def test_an_integer_device_is_that_cuda_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(sp.ModelLoadError, match="CUDA was asked for but this PyTorch has no CUDA device"):
+        sp.resolve_device(0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert sp.resolve_device(0) == torch.device("cuda:0") and sp.resolve_device(1) == torch.device("cuda", 1)
+    assert sp.resolve_device("cuda:1") == torch.device("cuda:1") and sp.resolve_device("1") == torch.device("cuda:1")
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.resolve_device(2)
+    assert "There is no CUDA device 2 here; choose one of 'auto', 'cpu', 'cuda', 'cuda:0', 'cuda:1'" in str(err.value)
+    one_sentence(str(err.value))
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), "auto"])
+def test_devices_that_run_give_the_same_model(device, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(loader, "_mps_available", lambda: False, raising=False)
+    assert sp.resolve_device(device) == torch.device("cpu")

@@ -27,12 +27,17 @@ class ImageResult:
     seed: int
 
 
+def _short_repr(value: object, limit: int = 40) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def generate_image(
     model: ARImageModel,
     prompt: str,
     config: Optional[SamplerConfig] = None,
     seed: Optional[int] = 0,
-    negative_prompt: str = "",
+    negative_prompt: Optional[str] = "",
     resolution: Optional[str] = None,
     callback: Optional[Callback] = None,
     batch_size: int = 1,
@@ -40,11 +45,25 @@ def generate_image(
     """Generate `batch_size` images (seeds seed, seed+1, ...) for one prompt.
 
     seed: any integer (reduced to 64 bits), or None for a random one, reported in the result.
+    prompt, negative_prompt: text (str); a negative prompt of None means none. Anything else is
+        a ConfigError before any work.
 
     config: None takes the family's recommended settings (model.defaults).
     callback: called after every forward pass with a Progress (see sample_tokens); raise
         GenerationCancelled in it to stop.
     """
+    if not isinstance(model, ARImageModel):
+        raise ConfigError(
+            f"model must be a model from sjd_pac_core.load_model, got {type(model).__name__}; load one with "
+            "load_model(path) (or load_model('demo'))."
+        )
+    for name, text in (("prompt", prompt), ("negative_prompt", negative_prompt)):
+        if not isinstance(text, str) and not (name == "negative_prompt" and text is None):
+            raise ConfigError(
+                f"{name} must be text (a str), got {_short_repr(text)} of type {type(text).__name__}; pass "
+                f"the words {'that describe the image' if name == 'prompt' else 'to steer away from'} ('' for none)."
+            )
+    negative_prompt = negative_prompt or ""  # None means none
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
     seed = resolve_seed(seed)

@@ -538,3 +538,50 @@ def test_devices_that_run_give_the_same_model(device, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(loader, "_mps_available", lambda: False, raising=False)
     assert sp.resolve_device(device) == torch.device("cpu")
+
+
+# --- 6. prompts that are not text ------------------------------------------------------------------
+@pytest.fixture
+def forward_calls(demo_model) -> List[int]:
+    calls: List[int] = []
+    handle = demo_model.token_model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(1), with_kwargs=True)
+    yield calls
+    handle.remove()
+
+
+PROMPT_REFUSED = [
+    ("prompt None", dict(prompt=None), "prompt must be text (a str), got None of type NoneType"),
+    ("prompt int", dict(prompt=123), "prompt must be text (a str), got 123 of type int"),
+    ("prompt bytes", dict(prompt=b"a red circle"), "got b'a red circle' of type bytes"),
+    ("prompt list", dict(prompt=["a", "red"]), "got ['a', 'red'] of type list"),
+    ("negative prompt int", dict(negative_prompt=5), "negative_prompt must be text (a str), got 5 of type int"),
+    ("model a path", dict(model="demo"), "model must be a model from sjd_pac_core.load_model, got str"),
+]
+
+
+@pytest.mark.parametrize("overrides,needle", [r[1:] for r in PROMPT_REFUSED], ids=[r[0] for r in PROMPT_REFUSED])
+def test_prompts_that_are_not_text_are_refused_before_any_pass(demo_model, forward_calls, overrides, needle):
+    args = dict(model=demo_model, prompt="a red circle on a blue background", seed=0)
+    args.update(overrides)
+    with pytest.raises(sp.ConfigError) as err:
+        sp.generate_image(**args)
+    assert type(err.value) is sp.ConfigError and needle in str(err.value), str(err.value)
+    one_sentence(str(err.value))
+    assert forward_calls == []
+
+
+def test_a_negative_prompt_of_none_is_no_negative_prompt(demo_model):
+    prompt = "a red circle on a blue background"
+    assert torch.equal(sp.generate_image(demo_model, prompt, seed=2, negative_prompt=None).tokens,
+                       sp.generate_image(demo_model, prompt, seed=2, negative_prompt="").tokens)
+
+
+def test_the_sampler_node_gives_the_same_sentence():
+    from test_nodes import load_pack, sampler_args
+
+    pack = load_pack()
+    (handle,) = pack.NODE_CLASS_MAPPINGS["LoadARImageModel"]().load("demo", "auto", "cpu")
+    with pytest.raises(sp.ConfigError, match="prompt must be text") as err:
+        pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(handle, **sampler_args(prompt=None))
+    one_sentence(str(err.value))

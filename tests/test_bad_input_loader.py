@@ -585,3 +585,72 @@ def test_the_sampler_node_gives_the_same_sentence():
     with pytest.raises(sp.ConfigError, match="prompt must be text") as err:
         pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(handle, **sampler_args(prompt=None))
     one_sentence(str(err.value))
+
+
+# --- 7. decoding tokens that are not this model's image -------------------------------------------
+@pytest.fixture(scope="module")
+def family_models(built, demo_model):
+    models = {family: sp.load_model(folder, dtype="fp32", device="cpu") for family, folder in built.items()}
+    return {"demo": demo_model, **models}
+
+
+RESOLUTION = {"demo": "64x64", "lumina_mgpt": "96x96", "emu3": "48x48", "janus": "96x96"}
+
+
+def _prompt(family: str) -> str:
+    return "a red circle on a blue background" if family == "demo" else "a red cat"
+
+
+def _valid_tokens(model, family) -> torch.Tensor:
+    enc = model.encode_prompt(_prompt(family), resolution=RESOLUTION[family])
+    forced = enc.layout.forced_tokens()
+    first_code = int(enc.constraints.allowed.nonzero()[0, 0]) if enc.constraints.allowed.dim() == 1 \
+        else int(enc.constraints.allowed[0].nonzero()[0, 0])
+    return torch.where(forced >= 0, forced, torch.full_like(forced, first_code))
+
+
+def _decode_faults(model, family):
+    tokens = _valid_tokens(model, family)
+    n, vocab = tokens.numel(), model.token_model.vocab_size
+    layout = model.encode_prompt(_prompt(family), resolution=RESOLUTION[family]).layout
+    forced = layout.forced_tokens()
+    code_at = int((forced < 0).nonzero()[0, 0])
+    not_a_code = int(forced.max()) if forced.max() >= 0 else None
+    rows = [
+        ("too few tokens", tokens[:10], "tokens per image"),
+        ("one token too many", torch.cat([tokens, tokens[:1]]), "tokens per image"),
+        ("an id past the token space", tokens.clone().index_fill_(0, torch.tensor([code_at]), vocab + 5),
+         f"decode got the id {vocab + 5}, outside the {vocab:,} ids"),
+        ("a negative id", tokens.clone().index_fill_(0, torch.tensor([code_at]), -3), "decode got the id -3"),
+        ("float tokens", tokens.float(), "decode needs integer token ids, got a torch.float32 tensor"),
+        ("a 3-D batch", tokens.reshape(1, 1, -1), "decode needs one image's tokens [num_tokens] or a batch"),
+        ("a string", "1 2 3", "decode needs image tokens (a LongTensor of ids), got a str"),
+    ]
+    if not_a_code is not None:  # a row-end id where a code belongs
+        rows.append(("a forced id where a code belongs", tokens.clone().index_fill_(0, torch.tensor([code_at]), not_a_code),
+                     f"decode got the id {not_a_code} where an image code belongs"))
+    return rows
+
+
+@pytest.mark.parametrize("family", ["demo", "lumina_mgpt", "emu3", "janus"])
+def test_decoding_tokens_that_are_not_this_models_image_is_one_sentence(family_models, family):
+    model = family_models[family]
+    for name, tokens, needle in _decode_faults(model, family):
+        for resolution in (RESOLUTION[family], None):
+            with pytest.raises(sp.ConfigError) as err:
+                model.decode(tokens, resolution)
+            message = str(err.value)
+            assert type(err.value) is sp.ConfigError and (needle in message or "no " + model.family in message), \
+                (name, message)
+            one_sentence(message)
+
+
+@pytest.mark.parametrize("family", ["demo", "lumina_mgpt", "emu3", "janus"])
+def test_valid_tokens_decode_the_same_from_a_list_or_a_batch(family_models, family):
+    model = family_models[family]
+    tokens = _valid_tokens(model, family)
+    one = np.asarray(model.decode(tokens, RESOLUTION[family])[0])
+    assert np.array_equal(np.asarray(model.decode(tokens.tolist(), RESOLUTION[family])[0]), one)
+    assert np.array_equal(np.asarray(model.decode(tokens.int().unsqueeze(0), RESOLUTION[family])[0]), one)
+    batch = model.decode(torch.stack([tokens, tokens]), RESOLUTION[family])  # (batched convolutions may round apart)
+    assert len(batch) == 2 and np.array_equal(np.asarray(batch[0]), np.asarray(batch[1]))

@@ -187,8 +187,10 @@ class DemoImageModel(ARImageModel):
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
-        tokens = tokens.reshape(-1, self.layout.num_tokens)
-        codes = self._codes(self.layout.grid(tokens.cpu())).to(self.device)
+        rows = self.decode_rows(tokens)
+        codes_ids = (self.vocab.image_offset, self.vocab.image_offset + self.vocab.codebook_size)
+        self.check_image_tokens(rows, self.layout, codes_ids, self.check_resolution(resolution))
+        codes = self._codes(self.layout.grid(rows)).to(self.device)
         arrays = self.demo.vq.decode_to_uint8(codes)
         return [Image.fromarray(a) for a in arrays]
 

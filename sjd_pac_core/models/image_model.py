@@ -130,6 +130,9 @@ class ARImageModel(ABC):
     memory_plan = None  # load_model's MemoryPlan (None for the demo model)
     defaults: FamilyDefaults
     token_model: TokenModel
+    # The resolution encode_prompt last set up (families with several sizes): what decode reads
+    # tokens as when several sizes have as many tokens, and what preview shows when not told.
+    _last_resolution: Optional[str] = None
 
     @property
     def device(self) -> torch.device:
@@ -191,8 +194,7 @@ class ARImageModel(ABC):
         if resolution is not None:
             return self.check_resolution(resolution)
         matches = [r for r in self.defaults.resolutions if layout_of(r).num_tokens == count]
-        last = getattr(self, "_last_resolution", None)
-        for preferred in (last, self.defaults.resolution):
+        for preferred in (self._last_resolution, self.defaults.resolution):
             if preferred in matches:
                 return preferred
         if len(matches) == 1:

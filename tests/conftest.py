@@ -47,3 +47,17 @@ def tiny_lumina_sizes():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lumina_mgpt, "LUMINA_SIZES", (96, 64))
         yield
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Fail the test if any family starts reading model weights (the LLM's or the Chameleon VQGAN's):
+    a refusal must come first."""
+    from sjd_pac_core.models import emu3, janus, lumina_mgpt
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("weights were loaded before the input was checked")
+
+    for module in (lumina_mgpt, emu3, janus):
+        monkeypatch.setattr(module, "load_pretrained", forbidden)
+    monkeypatch.setattr(lumina_mgpt, "load_chameleon_vqgan", forbidden)

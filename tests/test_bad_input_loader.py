@@ -391,7 +391,7 @@ def test_demo_weights_stored_as_integers_name_the_rebuild(tmp_path, file, key):
         sp.load_model(copy, device="cpu")
     message = str(err.value)
     assert f"{file} stores the weight {key} as I32 (integers)" in message
-    assert "python -m sjd_pac_core.demo.train" in message
+    assert "python -m sjd_pac_core.demo.tools.train" in message
     one_sentence(message)
 
 
@@ -477,7 +477,7 @@ def test_demo_config_values_name_the_rebuild(tmp_path):
     (copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(sp.ModelLoadError) as err:
         sp.load_model(copy, device="cpu")
-    assert "sets num_attention_heads to 0" in str(err.value) and "python -m sjd_pac_core.demo.train" in str(err.value)
+    assert "sets num_attention_heads to 0" in str(err.value) and "python -m sjd_pac_core.demo.tools.train" in str(err.value)
     one_sentence(str(err.value))
 
 

@@ -4,11 +4,14 @@ Every lossless mode samples many short sequences from a tiny random transformers
 (vocabulary 3, 5 image tokens, peaked conditionals that depend on the whole prefix), and the
 counts are compared with the exact joint distribution, enumerated by plain full forwards:
 chi-square p-value above 1e-3 and total variation within 1.5x the sampling-noise level. The
-negative controls plant known bugs and must fail the same test.
+negative controls plant known bugs and must fail the same test at p < 1e-6, with sample counts
+set by the test's power (tests/planted_power.py).
 
 Most configurations read the model's exact conditionals from a table (TableModel) so that tens of
 thousands of samples take seconds; one configuration runs the real model with its KV cache in
-the loop, and the seed-exact tests cover the cache mechanics token by token.
+the loop, and the seed-exact tests cover the cache mechanics token by token. The drafting
+configurations with many candidates run on Markov-chain table models with larger vocabularies
+(MARKOV_CASES, one entry per configuration with its planted controls).
 """
 
 from __future__ import annotations
@@ -203,11 +206,11 @@ def test_negative_control_planted_bug_is_caught(tiny, monkeypatch, name):
 #       against its old grandparent, so the chain's drafts (and their siblings) are where the
 #       rejections fall, while the tree's level right after the redraw is accepted; every pair.
 #
-# To guard a new drafting path (a drafter option, a model-loading option that changes the
-# logits' path does not apply here: see test_seed_exact / test_reference_loop), add ONE entry to
-# MARKOV_CASES: its config, the samples of the exact check, the model, and the planted faults
-# (exactness_tools.FAULTS) it must reject with their samples. `python tests/planted_power.py CASE`
-# prints the samples each needs (power of the chi-square test, from a pilot run).
+# To guard a new drafting path (a drafter option), add ONE entry to MARKOV_CASES: its config,
+# the samples of the exact check, the model, and the planted faults (exactness_tools.FAULTS) it
+# must reject, with their samples; `python tests/planted_power.py CASE --fault F` prints the
+# samples each needs (the chi-square's power, from a pilot run). A model-loading option does not
+# reach these table models: test_reference_loop.LOAD_OPTIONS runs the real families.
 
 
 @dataclass(frozen=True)

@@ -492,8 +492,9 @@ def test_float32_draws_without_replacement_are_plackett_luce(float32_everywhere)
     rest = q.masked_fill(exclude, 0.0)
     rest = rest / rest.sum()
     gen = torch.Generator().manual_seed(5)
-    excluded_ids = exclude.nonzero().flatten()
-    pairs = np.stack([verify.sample_without_replacement(q, 2, excluded_ids, gen).numpy() for _ in range(20000)])
+    # The sampler's draw: the row's first token (here the excluded one), then two more from q without it.
+    firsts = exclude.nonzero().flatten().expand(20000)
+    pairs = verify.sample_without_replacement_rows(q.expand(20000, -1), firsts, 3, gen)[:, 1:].numpy()
     v = q.shape[0]
     counts = np.bincount(pairs[:, 0] * v + pairs[:, 1], minlength=v * v)
     r = rest.double().numpy()

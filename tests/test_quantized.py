@@ -26,8 +26,9 @@ import sjd_pac_core as sp
 from sjd_pac_core.models import janus as janus_mod
 from sjd_pac_core.models import memory
 from sjd_pac_core.models import quantize as qz
-from sjd_pac_core.models.adapters import HeadRows
+from sjd_pac_core.models.kept_parts import HeadRows
 from sjd_pac_core.models.loader import read_config
+from exactness_tools import gumbel_cfg_tokens as run
 from tiny_checkpoints import BUILDERS
 
 pytestmark = [
@@ -74,14 +75,6 @@ def window_gap(model, n: int = 8) -> float:
         steps.keep([0])
     steps.close()
     return float((together - torch.cat(one, 1)).abs().max())
-
-
-def run(model, method: str, seed: int, **kw) -> torch.Tensor:
-    enc = model.encode_prompt(PROMPT)
-    config = model.defaults.sampler_config(method=method, verify="gumbel", cfg_scale=3.0, top_k=20,
-                                           temperature=2.0, **kw)
-    return sp.sample_tokens(model, enc.prompt_ids, enc.layout.num_tokens, config=config, seed=seed,
-                            uncond_prompt_ids=enc.uncond_ids, allowed_tokens=enc.constraints).tokens
 
 
 def runs_that_differ(model, seeds) -> int:

@@ -208,6 +208,9 @@ def test_offloaded_model_gives_the_same_tokens(folders, models, family, tmp_path
     spread = sp.load_model(folders[family], dtype="fp32", device="cpu", device_map=device_map,
                            offload_folder=tmp_path / "offload")
     assert set(spread.model.hf_device_map.values()) == {"cpu", "disk"}
+    # The map places only what sampling keeps: the modules the family drops load on the CPU, then go.
+    dropped = tuple(getattr(type(spread), "UNUSED_MODULES", ()))
+    assert not [key for key in spread.model.hf_device_map if dropped and key.startswith(dropped)]
     assert spread.token_model.cache_layers is None  # one cache storage per layer: the split path
     for seed in (0, 1):
         assert torch.equal(run(spread, "sjd_pac", seed, window=16, tree_width=3), run(whole, "sjd_pac", seed, window=16,

@@ -131,6 +131,9 @@ def load_pretrained(
         info = repair(model, info)
     check_loading_info(folder, info)
     drop_modules(model, unused)
+    placement = getattr(model, "hf_device_map", None) or {}
+    for key in [k for k in placement if any(k == n or k.startswith(n + ".") for n in unused)]:
+        del placement[key]  # what is gone holds no device (the cache asks which devices hold layers)
     if prepare is not None:
         prepare(model)
     if device_map is None:

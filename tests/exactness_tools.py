@@ -170,6 +170,18 @@ class TableModel(TokenModel):
         return TableSession([self.tables_by_prompt[tuple(p.tolist())] for p in prompts])
 
 
+def gumbel_cfg_tokens(model, method: str, seed: int, prompt: str = "a red cat on the blue field",
+                      **kw) -> torch.Tensor:
+    """One image's tokens from a loaded family model under the gumbel rule with guidance (scale 3,
+    top-k 20, temperature 2: peaked enough to accept runs, loose enough to differ): what tests
+    compare loading paths (quantized, offloaded, split embeddings) and methods with."""
+    enc = model.encode_prompt(prompt)
+    config = model.defaults.sampler_config(method=method, verify="gumbel", cfg_scale=3.0, top_k=20,
+                                           temperature=2.0, **kw)
+    return sp.sample_tokens(model, enc.prompt_ids, enc.layout.num_tokens, config=config, seed=seed,
+                            uncond_prompt_ids=enc.uncond_ids, allowed_tokens=enc.constraints).tokens
+
+
 def RejectionConfig(**fields) -> sp.SamplerConfig:
     """A SamplerConfig under the rejection rule. The statistical tests of the rejection rule (its
     planted faults live in the residual and the tree's recursion, and their sample sizes were set

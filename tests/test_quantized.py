@@ -26,8 +26,9 @@ import sjd_pac_core as sp
 from sjd_pac_core.models import janus as janus_mod
 from sjd_pac_core.models import memory
 from sjd_pac_core.models import quantize as qz
-from sjd_pac_core.models.adapters import HeadRows
+from sjd_pac_core.models.kept_parts import HeadRows
 from sjd_pac_core.models.loader import read_config
+from exactness_tools import gumbel_cfg_tokens as run
 from tiny_checkpoints import BUILDERS
 
 pytestmark = [
@@ -74,14 +75,6 @@ def window_gap(model, n: int = 8) -> float:
         steps.keep([0])
     steps.close()
     return float((together - torch.cat(one, 1)).abs().max())
-
-
-def run(model, method: str, seed: int, **kw) -> torch.Tensor:
-    enc = model.encode_prompt(PROMPT)
-    config = model.defaults.sampler_config(method=method, verify="gumbel", cfg_scale=3.0, top_k=20,
-                                           temperature=2.0, **kw)
-    return sp.sample_tokens(model, enc.prompt_ids, enc.layout.num_tokens, config=config, seed=seed,
-                            uncond_prompt_ids=enc.uncond_ids, allowed_tokens=enc.constraints).tokens
 
 
 def runs_that_differ(model, seeds) -> int:
@@ -215,6 +208,9 @@ def test_offloaded_model_gives_the_same_tokens(folders, models, family, tmp_path
     spread = sp.load_model(folders[family], dtype="fp32", device="cpu", device_map=device_map,
                            offload_folder=tmp_path / "offload")
     assert set(spread.model.hf_device_map.values()) == {"cpu", "disk"}
+    # The map places only what sampling keeps: the modules the family drops load on the CPU, then go.
+    dropped = tuple(getattr(type(spread), "UNUSED_MODULES", ()))
+    assert not [key for key in spread.model.hf_device_map if dropped and key.startswith(dropped)]
     assert spread.token_model.cache_layers is None  # one cache storage per layer: the split path
     for seed in (0, 1):
         assert torch.equal(run(spread, "sjd_pac", seed, window=16, tree_width=3), run(whole, "sjd_pac", seed, window=16,

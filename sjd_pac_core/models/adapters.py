@@ -5,7 +5,9 @@
   `forward` overwrites every image-token logit with the dtype minimum.
 * `GenerationHeadAdapter`: separate image-token embeddings and head (Janus-Pro).
 
-Both keep CausalLMAdapter's session (cache, tree masks, CFG rows) and override only its hooks.
+Both keep CausalLMAdapter's session (cache, tree masks, CFG rows) and its embedding hooks (the
+prompt from the CPU table, sampled tokens from the device rows: models/kept_parts.py), and
+override only the logits.
 """
 
 from __future__ import annotations
@@ -18,35 +20,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from .causal_lm import CausalLMAdapter
-
-
-class HeadRows(nn.Module):
-    """The rows of an LM head that sampling can use (`ids`, in the sampler's order): the other
-    rows are dropped before the model moves to its device. Called like the full head, it gives
-    full-width logits with the dtype's minimum at every id it does not hold (those are never
-    allowed at an image position)."""
-
-    def __init__(self, rows: torch.Tensor, ids: torch.Tensor, vocab: int) -> None:
-        super().__init__()
-        self.rows = nn.Parameter(rows, requires_grad=False)
-        self.register_buffer("ids", ids.long(), persistent=False)
-        self.in_features, self.out_features = int(rows.shape[1]), vocab
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        part = F.linear(hidden, self.rows)
-        out = part.new_full(part.shape[:-1] + (self.out_features,), torch.finfo(part.dtype).min)
-        return out.index_copy_(-1, self.ids.to(out.device), part)
-
-
-def keep_head_rows(model: PreTrainedModel, ids: torch.Tensor) -> None:
-    """Replace the model's LM head by its rows `ids` (none: a head that is never used); a head
-    offloaded to disk (meta weights) is left whole."""
-    head = model.get_output_embeddings()
-    if head.weight.device.type == "meta":
-        return
-    with torch.no_grad():
-        rows = head.weight.index_select(0, ids.to(head.weight.device)).clone()
-    model.lm_head = HeadRows(rows, ids, int(head.weight.shape[0]))
+from .kept_parts import HeadRows
 
 
 class ImageHeadAdapter(CausalLMAdapter):
@@ -94,9 +68,6 @@ class GenerationHeadAdapter(CausalLMAdapter):
     def __init__(self, model: PreTrainedModel, num_codes: int) -> None:
         super().__init__(model)
         self.vocab_size = num_codes
-
-    def embed_prompt(self, prompt_ids: torch.Tensor) -> dict:
-        return {"inputs_embeds": self.model.get_input_embeddings()(prompt_ids)}
 
     def embed_tokens(self, token_ids: torch.Tensor) -> dict:
         return {"inputs_embeds": self.model.prepare_embeddings_for_image_generation(token_ids)}

@@ -22,6 +22,7 @@ from ..transfer import to_device
 from ..sampling import tree as tree_lib
 from .base import DecoderSession, TokenModel
 from .config_checks import sliding_window, window_message
+from .kept_parts import EmbeddingRows
 from .kv_cache import CacheCursor, TreeKVCache
 
 # Cache entries a session reserves beyond its prompt when the sampler does not say how many.
@@ -234,6 +235,16 @@ class CausalLMAdapter(TokenModel):
         vocab = int(getattr(head, "out_features", None) or head.weight.shape[0])
         self.token_space = None if token_space is None else token_space.to(self.device)
         self.vocab_size = vocab if token_space is None else int(token_space.shape[0])
+        # An input embedding the loader split (models/kept_parts.py): sampled tokens are embedded
+        # from its device rows, which must be the token space's, the prompt from its CPU table.
+        try:
+            embedding = model.get_input_embeddings()
+        except NotImplementedError:  # a model that does not name its input embedding
+            embedding = None
+        self.embedding_rows = embedding if isinstance(embedding, EmbeddingRows) else None
+        if self.embedding_rows is not None and token_space is not None and \
+                not torch.equal(self.embedding_rows.ids.cpu(), token_space.cpu()):
+            raise ValueError("the input embedding keeps other rows than the sampler's token space")
         # Where the model attends over a sliding window shorter than its context, its length: a run
         # is exact (and allowed) only while all its positions fit in it.
         self.sliding_window = sliding_window(model.config)
@@ -270,12 +281,20 @@ class CausalLMAdapter(TokenModel):
 
     # --- hooks -----------------------------------------------------------------------------
     def embed_prompt(self, prompt_ids: torch.Tensor) -> dict:
-        """Model inputs for the prompt rows (model vocabulary ids)."""
+        """Model inputs for the prompt rows (model vocabulary ids): looked up in the CPU table of
+        a split embedding (once per run), else the model's own embedding."""
+        if self.embedding_rows is not None:
+            return {"inputs_embeds": self.embedding_rows(prompt_ids)}
         return {"input_ids": prompt_ids}
 
     def embed_tokens(self, token_ids: torch.Tensor) -> dict:
-        """Model inputs for sampler-space tokens [B, S]."""
+        """Model inputs for sampler-space tokens [B, S]: a split embedding's device rows (sampler
+        id i is row i), else the model's own embedding of their model ids."""
+        if self.embedding_rows is not None and self.token_space is not None:
+            return {"inputs_embeds": self.embedding_rows.token_rows(token_ids)}
         ids = token_ids if self.token_space is None else self.token_space[token_ids]
+        if self.embedding_rows is not None:
+            return {"inputs_embeds": self.embedding_rows(ids)}
         return {"input_ids": ids}
 
     def restrict_head(self, vocabulary: Optional[torch.Tensor]) -> None:

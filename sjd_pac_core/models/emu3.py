@@ -22,7 +22,8 @@ import torch
 from PIL import Image
 from transformers import Emu3Config, Emu3ForConditionalGeneration, Emu3Processor
 
-from .adapters import ImageHeadAdapter, keep_head_rows
+from .adapters import ImageHeadAdapter
+from .kept_parts import keep_what_sampling_uses
 from .hf_common import LoadOptions, free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .checks import ModelLoadError, require_safetensors
@@ -92,6 +93,10 @@ class Emu3ImageModel(ARImageModel):
 
     # --- loading ------------------------------------------------------------------------------
     QUANTIZED_LAYERS = r"model\.text_model\.layers"  # the decoder layers: the only quantized linears
+    # Pixels come from the VQ decoder alone (decode_image_tokens: codebook, post-quant convolution,
+    # decoder); the encoder only turns input images into codes. Dropped after loading, before the
+    # move to the device (kept_parts.drop_modules says why not before).
+    UNUSED_MODULES = ("model.vqmodel.encoder", "model.vqmodel.quant_conv")
 
     @classmethod
     def matches(cls, folder: Path, config: dict) -> bool:
@@ -113,7 +118,9 @@ class Emu3ImageModel(ARImageModel):
             side = round(area ** 0.5) // factor
             grids = [(side, side)]
         return FamilyShape(
-            family="emu3", weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", codes + 4)),
+            family="emu3", weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", codes + 4),
+                                          embedding=("model.text_model.embed_tokens", codes + 4),
+                                          unused=cls.UNUSED_MODULES),
             layers=text.num_hidden_layers, heads=text.num_attention_heads, kv_heads=text.num_key_value_heads,
             head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
             hidden=text.hidden_size, intermediate=text.intermediate_size, sampler_vocab=codes + 4,
@@ -137,7 +144,8 @@ class Emu3ImageModel(ARImageModel):
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"The Emu3 processor in {folder} cannot be loaded ({short(exc)}); {fix}") from None
         model = load_pretrained(Emu3ForConditionalGeneration, folder, dtype, device, options,
-                                prepare=lambda m: keep_head_rows(m, cls.sampler_ids(m, processor)))
+                                unused=cls.UNUSED_MODULES,
+                                prepare=lambda m: keep_what_sampling_uses(m, cls.sampler_ids(m, processor)))
         return cls(model, processor, int(config.get("image_area", DEFAULT_IMAGE_AREA)))
 
     # --- prompts ------------------------------------------------------------------------------

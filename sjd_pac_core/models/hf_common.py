@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Type, Union
+from typing import Callable, Dict, List, Optional, Sequence, Type, Union
 
 import numpy as np
 import torch
@@ -12,6 +12,7 @@ from PIL import Image
 from transformers import PreTrainedModel
 
 from .checks import ModelLoadError, check_loading_info, check_weight_dtypes
+from .kept_parts import drop_modules
 
 
 def pixels_to_pil(pixels: torch.Tensor, channels_last: bool = False) -> List[Image.Image]:
@@ -82,6 +83,7 @@ def load_pretrained(
     options: Optional[LoadOptions] = None,
     repair: Optional[Callable[[PreTrainedModel, LoadingInfo], LoadingInfo]] = None,
     prepare: Optional[Callable[[PreTrainedModel], None]] = None,
+    unused: Sequence[str] = (),
 ) -> PreTrainedModel:
     """from_pretrained on one device, or spread by accelerate (options.device_map), quantized as
     it loads when options.quantization is set.
@@ -89,14 +91,18 @@ def load_pretrained(
     transformers fills a missing or mis-shaped weight with random values and only logs it; here
     every weight its loading info reports is a ModelLoadError naming the file and the weight.
     repair: a family's fix for a known, harmless difference of its checkpoints; it gets the model
-    and the loading info and returns the info without the entries it fixed. prepare: drops what
-    sampling never uses (LM head rows), before the model moves to the device.
+    and the loading info and returns the info without the entries it fixed. unused: modules
+    sampling never runs, dropped after loading (a device map need not place them: they load on
+    the CPU). prepare: cuts what sampling never uses of the rest (kept_parts.keep_what_sampling_uses).
+    Both run before the model moves to the device.
     """
     floating = floating_weights(cls, folder)
     if floating is not None:
         check_weight_dtypes(folder, floating)
     options = options or LoadOptions()
     device_map = options.device_map
+    if isinstance(device_map, dict):
+        device_map = {**{name: "cpu" for name in unused if not _placed(name, device_map)}, **device_map}
     if device_map is None and options.quantization is not None and device.type != "cpu":
         device_map = {"": str(device)}  # quantize on the device, as the weights arrive
     kwargs = dict(dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True)
@@ -124,6 +130,10 @@ def load_pretrained(
     if repair is not None:
         info = repair(model, info)
     check_loading_info(folder, info)
+    drop_modules(model, unused)
+    placement = getattr(model, "hf_device_map", None) or {}
+    for key in [k for k in placement if any(k == n or k.startswith(n + ".") for n in unused)]:
+        del placement[key]  # what is gone holds no device (the cache asks which devices hold layers)
     if prepare is not None:
         prepare(model)
     if device_map is None:
@@ -132,6 +142,11 @@ def load_pretrained(
         except RuntimeError as exc:
             raise ModelLoadError(f"Moving the weights of {folder} to {device} failed ({short(exc)}).") from exc
     return model.eval()
+
+
+def _placed(name: str, device_map: Dict[str, object]) -> bool:
+    """Whether a device map says where module `name` (or a part of it) goes."""
+    return any(key in ("", name) or name.startswith(key + ".") or key.startswith(name + ".") for key in device_map)
 
 
 def free_model(model: Optional[torch.nn.Module]) -> None:

@@ -19,7 +19,8 @@ import torch
 from PIL import Image
 from transformers import JanusConfig, JanusForConditionalGeneration, JanusProcessor
 
-from .adapters import GenerationHeadAdapter, keep_head_rows
+from .adapters import GenerationHeadAdapter
+from .kept_parts import keep_what_sampling_uses
 from .hf_common import LoadOptions, free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .checks import ModelLoadError, require_safetensors
@@ -65,6 +66,11 @@ class JanusImageModel(ARImageModel):
 
     # --- loading ------------------------------------------------------------------------------
     QUANTIZED_LAYERS = r"model\.language_model\.layers"  # the decoder layers: the only quantized linears
+    # Image understanding's SigLIP encoder and aligner, and the VQ encoder (pixels come from the VQ
+    # decoder alone): generation never runs them. Dropped after loading, before the move to the
+    # device (kept_parts.drop_modules says why not before). The generation embeddings, aligner
+    # and head and the VQ decoder stay.
+    UNUSED_MODULES = ("model.vision_model", "model.aligner", "model.vqmodel.encoder", "model.vqmodel.quant_conv")
 
     @classmethod
     def matches(cls, folder: Path, config: dict) -> bool:
@@ -73,7 +79,8 @@ class JanusImageModel(ARImageModel):
     @classmethod
     def memory_shape(cls, config: dict, folder: Optional[Path] = None) -> FamilyShape:
         """The plan's view of this config (the model is built on the meta device: no memory). The
-        text LM head is never used for images: none of its rows is kept."""
+        text LM head is never used for images: none of its rows is kept; the text embedding only
+        embeds the prompt: none of its rows is on the device."""
         cfg = JanusConfig.from_dict(config)
         with torch.device("meta"):
             model = JanusForConditionalGeneration(cfg)
@@ -81,7 +88,9 @@ class JanusImageModel(ARImageModel):
         grid = vision.image_size // vision.patch_size
         pixels = grid * 2 ** (len(cfg.vq_config.channel_multiplier) - 1)
         return FamilyShape(
-            family="janus", weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", 0)),
+            family="janus", weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", 0),
+                                           embedding=("model.language_model.embed_tokens", 0),
+                                           unused=cls.UNUSED_MODULES),
             layers=text.num_hidden_layers, heads=text.num_attention_heads, kv_heads=text.num_key_value_heads,
             head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
             hidden=text.hidden_size, intermediate=text.intermediate_size, sampler_vocab=cfg.vq_config.num_embeddings,
@@ -100,9 +109,11 @@ class JanusImageModel(ARImageModel):
             processor = JanusProcessor.from_pretrained(folder)
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"The Janus processor in {folder} cannot be loaded ({short(exc)}); {fix}") from None
-        # The text head is never used for images: no row of it is kept.
+        # Image codes bypass the text vocabulary: no row of the text head is kept, and the text
+        # embedding (the prompt's) stays in CPU memory.
         model = load_pretrained(JanusForConditionalGeneration, folder, dtype, device, options,
-                                prepare=lambda m: keep_head_rows(m, torch.zeros(0, dtype=torch.long)))
+                                unused=cls.UNUSED_MODULES,
+                                prepare=lambda m: keep_what_sampling_uses(m, torch.zeros(0, dtype=torch.long)))
         return cls(model, processor)
 
     # --- prompts ------------------------------------------------------------------------------

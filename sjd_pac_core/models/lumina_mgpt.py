@@ -33,7 +33,8 @@ from PIL import Image
 from torch import nn
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
-from .adapters import ImageHeadAdapter, keep_head_rows
+from .adapters import ImageHeadAdapter
+from .kept_parts import drop_modules, keep_what_sampling_uses, unused_key_patterns
 from .chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, VQGANLoadError, load_chameleon_vqgan
 from .hf_common import LoadOptions, free_model, load_pretrained, pixels_to_pil, preview_image, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
@@ -107,11 +108,15 @@ class LuminaLayoutChameleon(ChameleonForConditionalGeneration):
     """
 
     qk_rows = 1  # set on a subclass per checkpoint (see `with_qk_rows`)
-    # Lumina-mGPT's trainer deletes the VQ model before saving, and sampling never uses it.
-    _keys_to_ignore_on_load_missing = [r"^model\.vqmodel\."]
+    # transformers' Chameleon VQ model is an image encoder (it has no decoder): sampling never
+    # runs it, and Lumina-mGPT's trainer deletes it before saving. It is not built; weights of it
+    # in a transformers-layout file are skipped.
+    UNUSED = ("model.vqmodel",)
+    _keys_to_ignore_on_load_unexpected = unused_key_patterns(UNUSED)
 
     def __init__(self, config) -> None:
         super().__init__(config)
+        drop_modules(self, self.UNUSED)
         for layer in self.model.layers:
             for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
                 norm.weight = nn.Parameter(norm.weight.data[: self.qk_rows].clone())
@@ -233,7 +238,7 @@ class LuminaMGPTImageModel(ARImageModel):
         Meta's VQGAN decoder (fp32) read from vqgan.yaml, or Chameleon's published one."""
         cfg = ChameleonConfig.from_dict(dict(config, vocabulary_map=config.get("vocabulary_map") or {}))
         with torch.device("meta"):
-            model = ChameleonForConditionalGeneration(cfg)
+            model = LuminaLayoutChameleon(cfg)
         vq_dir = find_vqgan_dir(folder) if folder is not None else None
         vq_config = VQGANConfig.from_yaml(vq_dir / "vqgan.yaml") if vq_dir is not None else CHAMELEON_VQGAN
         with torch.device("meta"):
@@ -243,7 +248,8 @@ class LuminaMGPTImageModel(ARImageModel):
         head_dim = cfg.hidden_size // cfg.num_attention_heads
         return FamilyShape(
             family="lumina_mgpt",
-            weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", codes + 2), extra_fp32=decoder_params),
+            weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", codes + 2),
+                           embedding=("model.embed_tokens", codes + 2), extra_fp32=decoder_params),
             layers=cfg.num_hidden_layers, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
             head_dim=head_dim, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, sampler_vocab=codes + 2,
             image_tokens={f"{w}x{h}": (h // 16) * (w // 16 + 1) + 1 for w, h in trained_sizes(target)},
@@ -292,7 +298,8 @@ class LuminaMGPTImageModel(ARImageModel):
             vqgan = load_chameleon_vqgan(vq_dir / "vqgan.yaml", vqgan_weights(vq_dir), device)
         except VQGANLoadError as exc:
             raise ModelLoadError(str(exc)) from None
-        model = cls.load_chameleon(folder, config, dtype, device, options, prepare=lambda m: keep_head_rows(m, vocab.token_space))
+        model = cls.load_chameleon(folder, config, dtype, device, options,
+                                   prepare=lambda m: keep_what_sampling_uses(m, vocab.token_space))
         return cls(model, vqgan, text_tokenizer, vocab, sizes)
 
     @staticmethod

@@ -1,13 +1,19 @@
 """The memory plan: what a checkpoint needs on a device at each precision, before any weight is read.
 
 Everything comes from config.json: the family builds its transformers model on the meta device
-(no memory, no weights) and the plan counts its parameters by what the loader does with them -
-the decoder layers' linear weights are quantized, the LM head keeps only the rows sampling can
-use, unused parts are dropped, the rest stays in the load dtype. To that it adds the KV cache the
-sampler preallocates (models/kv_cache.py) and the activation peak of the largest pass, and
-compares the sum with the free memory of the device.
+(no memory, no weights) and the plan counts its parameters by what the loader does with them
+(models/kept_parts.py) - the decoder layers' linear weights are quantized, the LM head and the
+input embedding keep on the device only the rows sampling can use (the embedding's full table
+stays in CPU memory), parts generation never runs are not loaded, the rest stays in the load
+dtype. To that it adds the KV cache the sampler preallocates (models/kv_cache.py) and the
+activation peak of the largest pass, and compares the sum with the free memory of the device.
 
-    weights     quantized linears (data + scales) + the rest in the load dtype (+ fp32 VQGAN)
+    weights     quantized linears (data + scales) + the rest in the load dtype (+ fp32 VQGAN);
+                on the CPU device also the input embedding's table (it is the same memory)
+    loading     what passes through the device while loading and is cut or moved right after
+                (the head rows never used, the embedding table): only where the weights load
+                onto the device (quantized on a GPU, or the CPU); an unquantized GPU load is
+                prepared in CPU memory and moved
     KV cache    layers x 2 x rows x kv_heads x capacity x head_dim x bytes,
                 capacity = prompt + image tokens + the largest pass or probe + 1 (engine/loop.py)
     activations the largest pass's logits over the restricted head (fp32, three copies), its
@@ -37,10 +43,11 @@ class WeightCensus:
     """A model's parameters, counted on the meta device by what the loader does with them."""
 
     quantizable: Tuple[Tuple[int, int], ...]  # (out, in) of each linear weight the schemes quantize
-    full: int  # parameters kept in the load dtype (embeddings, norms, VQ, aligners, head rows used)
+    full: int  # parameters kept in the load dtype (norms, VQ, aligners, head and embedding rows used)
     fp32: int = 0  # parameters held in fp32 whatever the load dtype (Lumina-mGPT's VQGAN decoder)
     dropped: int = 0  # parameters read while loading, then dropped (LM head rows sampling never uses)
     buffer_bytes: int = 0  # buffers (rotary tables, token maps) in their own dtypes
+    host: int = 0  # parameters kept in CPU memory in the load dtype (the input embedding's table)
 
     @property
     def quantizable_params(self) -> int:
@@ -57,28 +64,41 @@ class WeightCensus:
 
 
 def census(model: nn.Module, quantized_prefix: str, head: Optional[Tuple[str, int]] = None,
+           embedding: Optional[Tuple[str, int]] = None, unused: Sequence[str] = (),
            extra_fp32: int = 0) -> WeightCensus:
-    """Count a (meta) model's parameters: linear weights under quantized_prefix are quantizable;
-    head = (module name, rows kept) replaces that module's count by its kept rows."""
+    """Count a (meta) model's parameters, each once (a head tied to the embedding is one table):
+    linear weights under quantized_prefix are quantizable; head = (module name, rows kept) counts
+    that module by its kept rows (the rest dropped); embedding = (module name, rows kept) counts
+    its kept rows on the device and its whole table in CPU memory; the unused modules (and their
+    buffers) are loaded, then dropped."""
     pattern = re.compile(rf"{quantized_prefix}\.")
-    quantizable, full, dropped = [], 0, 0
+    quantizable, full, dropped, host = [], 0, 0, 0
+    seen = set()
+    is_unused = lambda name: any(name == u or name.startswith(u + ".") for u in unused)  # noqa: E731
     for name, module in model.named_modules():
-        own = list(module.named_parameters(recurse=False))
-        if not own:
+        own = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for _, p in own)
+        if is_unused(name):
+            dropped += sum(p.numel() for _, p in own)
             continue
-        if head is not None and name == head[0]:
-            total = sum(p.numel() for _, p in own)
+        if embedding is not None and name == embedding[0]:
+            host += sum(p.numel() for _, p in own)
+            full += embedding[1] * module.weight.shape[1]
+            continue
+        if head is not None and name == head[0]:  # its rows are copied even when it is tied
+            total = sum(p.numel() for _, p in own)  # 0 when tied to the embedding (counted there)
             kept = head[1] * module.weight.shape[1]
-            full, dropped = full + kept, dropped + total - kept
+            full, dropped = full + kept, dropped + max(total - kept, 0)
             continue
         for pname, param in own:
             if pname == "weight" and isinstance(module, nn.Linear) and pattern.match(name):
                 quantizable.append((int(param.shape[0]), int(param.shape[1])))
             else:
                 full += param.numel()
-    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    buffers += 8 * head[1] if head is not None else 0  # the kept rows' ids (long)
-    return WeightCensus(tuple(quantizable), full, extra_fp32, dropped, buffers)
+    buffers = sum(b.numel() * b.element_size() for name, b in model.named_buffers()
+                  if not is_unused(name.rpartition(".")[0]))
+    buffers += 8 * head[1] if head is not None else 0  # the kept head rows' ids (long)
+    return WeightCensus(tuple(quantizable), full, extra_fp32, dropped, buffers, host)
 
 
 @dataclass(frozen=True)
@@ -110,10 +130,12 @@ class PrecisionCost:
     weights: int
     kv_cache: int
     activations: int
-    loading_extra: int  # held only while loading (head rows read before they are dropped)
+    loading_extra: int  # held on the device only while loading (head rows, the embedding table)
+    host: int = 0  # CPU memory beside the device (the input embedding's table); 0 on the CPU device
 
     @property
     def total(self) -> int:
+        """Bytes on the device: the weights, then the larger of sampling's and loading's extras."""
         return self.weights + max(self.kv_cache + self.activations, self.loading_extra)
 
     @property
@@ -150,8 +172,10 @@ class MemoryPlan:
     def one_line(self, precision: str) -> str:
         cost = self.cost(precision)
         where = f"{self.free / GB:.1f} GB free on {self.device}" if self.free is not None else f"free memory on {self.device} unknown"
+        host = f", and {cost.host / GB:.1f} GB of CPU memory" if cost.host else ""
         return (f"{self.family} {self.resolution}: needs {cost.total / GB:.1f} GB in {cost.name} (weights "
-                f"{cost.weights / GB:.1f}, KV cache {cost.kv_cache / GB:.1f}, activations {cost.activations / GB:.1f}); {where}")
+                f"{cost.weights / GB:.1f}, KV cache {cost.kv_cache / GB:.1f}, activations {cost.activations / GB:.1f})"
+                f"{host}; {where}")
 
     def not_enough(self, precision: str, offered: Iterable[str]) -> str:
         """One sentence: what `precision` needs, what is free, and what fits instead."""
@@ -169,12 +193,12 @@ class MemoryPlan:
         free = "" if self.free is None else f", {self.free / GB:.1f} GB free"
         lines = [f"{self.family} at {self.resolution} on {self.device} ({self.rows} rows, cache of "
                  f"{self.cache_entries} entries{free})", "",
-                 "| precision | weights GB | KV cache GB | activations GB | total GB | fits |",
-                 "|---|---|---|---|---|---|"]
+                 "| precision | weights GB | KV cache GB | activations GB | total GB | fits | CPU memory GB |",
+                 "|---|---|---|---|---|---|---|"]
         for c in self.costs:
             fits = "?" if self.free is None else ("yes" if self.fits(c.precision) else "no")
             lines.append(f"| {c.name} | {c.weights / GB:.2f} | {c.kv_cache / GB:.2f} | {c.activations / GB:.2f} | "
-                         f"{c.total / GB:.2f} | {fits} |")
+                         f"{c.total / GB:.2f} | {fits} | {c.host / GB:.2f} |")
         return "\n".join(lines)
 
 
@@ -226,6 +250,8 @@ def plan_memory(
     entries = cache_entries(prompt_tokens, shape.image_tokens[resolution], largest_pass(window))
     kv = kv_cache_bytes(shape, rows, entries, dtype)
     act = activation_bytes(shape, rows, entries, nodes, dtype)
+    on_cpu = device.type == "cpu"
+    host = shape.weights.host * _bytes(dtype)
     costs = []
     for precision in precisions:
         scheme = None if precision == "none" else SCHEMES.get((device.type, precision))
@@ -233,8 +259,13 @@ def plan_memory(
             continue
         label = str(dtype).replace("torch.", "").replace("bfloat16", "bf16").replace("float16", "fp16").replace(
             "float32", "fp32") if scheme is None else scheme.label
-        weights = shape.weights.weight_bytes(dtype, scheme)
-        costs.append(PrecisionCost(precision, label, weights, kv, act, shape.weights.dropped * _bytes(dtype)))
+        weights = shape.weights.weight_bytes(dtype, scheme) + (host if on_cpu else 0)
+        # Where the weights load: the device itself (the CPU; quantized, as they arrive on a GPU),
+        # or CPU memory, prepared there and moved (hf_common.load_pretrained).
+        loads_on_device = on_cpu or scheme is not None
+        passing = shape.weights.dropped * _bytes(dtype) + (0 if on_cpu else host)
+        costs.append(PrecisionCost(precision, label, weights, kv, act, passing if loads_on_device else 0,
+                                   0 if on_cpu else host))
     return MemoryPlan(shape.family, str(device), str(dtype).replace("torch.", ""), resolution, rows, entries,
                       tuple(costs), free_memory(device) if free == -1 else free)
 

@@ -61,11 +61,14 @@ def published_plans(device: str = "cuda", dtype: torch.dtype = torch.bfloat16) -
 
 
 def published_table() -> str:
-    """Markdown: GB needed on a CUDA GPU, total (weights), with guidance (2 rows) and window 64."""
-    lines = ["| checkpoint | resolution | image tokens | bf16 | int8 | 4-bit |", "|---|---|---|---|---|---|"]
+    """Markdown: GB needed on a CUDA GPU, total (weights), with guidance (2 rows) and window 64, and
+    the CPU memory that holds the input embedding's table (the same at every precision)."""
+    lines = ["| checkpoint | resolution | image tokens | bf16 | int8 | 4-bit | CPU memory |",
+             "|---|---|---|---|---|---|---|"]
     for name, resolution, tokens, plan in published_plans():
         cells = [f"{c.total / GB:.1f} ({c.weights / GB:.1f})" for c in plan.costs]
-        lines.append(f"| {name} | {resolution} | {tokens:,} | " + " | ".join(cells) + " |")
+        host = max(c.host for c in plan.costs)
+        lines.append(f"| {name} | {resolution} | {tokens:,} | " + " | ".join(cells) + f" | {host / GB:.1f} |")
     return "\n".join(lines)
 
 

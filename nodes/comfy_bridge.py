@@ -163,8 +163,8 @@ _hook_lock = threading.Lock()
 _hook_installed = False
 
 
-def install_free_memory_hook(release: Callable[[torch.device, float], None]) -> bool:
-    """Call release(device, bytes_still_needed) when ComfyUI frees memory and it was not enough.
+def install_free_memory_hook(release: Callable[[torch.device], object]) -> bool:
+    """Call release(device) when ComfyUI frees memory on a GPU and it was not enough.
 
     ComfyUI only manages the models it loaded itself (through ModelPatcher). Ours are plain
     PyTorch modules, so we wrap comfy.model_management.free_memory: every path that frees memory
@@ -188,7 +188,7 @@ def install_free_memory_hook(release: Callable[[torch.device, float], None]) -> 
                 if dev.type != "cpu":
                     free = mm.get_free_memory(dev)
                     if free < memory_required:
-                        release(dev, memory_required - free)
+                        release(dev)
             except Exception:
                 log.warning("sjd-pac: releasing AR image models failed", exc_info=True)
             return result

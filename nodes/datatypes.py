@@ -1,42 +1,20 @@
-"""The values that travel along the graph's links: AR_IMAGE_MODEL, AR_IMAGE_TOKENS, SJD_STATS."""
+"""The values that travel along the graph's links: AR_IMAGE_MODEL (model_cache.ModelHandle),
+AR_IMAGE_TOKENS, SJD_STATS."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 
-from sjd_pac_core import ARImageModel, RunStats, SamplerConfig
+from sjd_pac_core import RunStats, SamplerConfig
+
+from .model_cache import ModelHandle
 
 AR_IMAGE_MODEL = "AR_IMAGE_MODEL"
 AR_IMAGE_TOKENS = "AR_IMAGE_TOKENS"
 SJD_STATS = "SJD_STATS"
-
-
-@dataclass(frozen=True)
-class ModelHandle:
-    """What the loader outputs: a reference to a model held in nodes.model_cache.
-
-    ComfyUI caches node outputs, so the graph keeps this handle, not the weights: after ComfyUI
-    frees memory (our models are unloaded and dropped from the cache) `get()` loads them again.
-    """
-
-    name: str  # the loader's choice: "demo" or a folder name under models/autoregressive
-    path: str  # what load_model gets: "demo" or the folder's absolute path
-    dtype: str  # auto / bf16 / fp16 / fp32
-    device: str  # a concrete device string ("cpu", "cuda:0", ...)
-    family: str = ""
-    resolutions: Tuple[str, ...] = ()
-
-    @property
-    def key(self) -> Tuple[str, str, str]:
-        return (self.path, self.dtype, self.device)
-
-    def get(self) -> ARImageModel:
-        from . import model_cache
-
-        return model_cache.get_model(self)
 
 
 @dataclass

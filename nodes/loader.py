@@ -7,13 +7,15 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import sjd_pac_core as sp
-from sjd_pac_core.models.loader import DEMO_NAME, ModelLoadError, folder_resolutions, resolve_device
+from sjd_pac_core.models.loader import DEMO_NAME, folder_resolutions, resolve_device
 
 from . import comfy_bridge
-from .datatypes import AR_IMAGE_MODEL, ModelHandle
+from .datatypes import AR_IMAGE_MODEL
+from .model_cache import ModelHandle
 
 DTYPES = ["auto", "bf16", "fp16", "fp32"]
 DEVICES = ["auto", "gpu", "cpu"]
+QUANTIZE = ["none", "int8", "4bit", "auto"]
 
 
 def model_choices() -> List[str]:
@@ -88,7 +90,15 @@ class LoadARImageModel:
                     "tooltip": "Where the model runs: auto follows ComfyUI (the CPU when started with --cpu); "
                                "gpu insists on a GPU; cpu is slow for the large models.",
                 }),
-            }
+            },
+            "optional": {
+                "quantize": (QUANTIZE, {
+                    "default": "none",
+                    "tooltip": "Weight-only quantization of the transformer layers (sampling stays exact): int8 "
+                               "halves the weights, 4bit quarters them on a GPU; auto picks the most precise that "
+                               "fits. Needs torchao (and bitsandbytes for 4bit on a GPU).",
+                }),
+            },
         }
 
     @classmethod
@@ -98,11 +108,12 @@ class LoadARImageModel:
             return _missing_model_message(model)
         return True
 
-    def load(self, model: str, dtype: str, device: str) -> Tuple[ModelHandle]:
+    def load(self, model: str, dtype: str, device: str, quantize: str = "none") -> Tuple[ModelHandle]:
         path = resolve_choice(model)
         dev = comfy_bridge.choose_device(device)
         if dev == "auto":
             dev = str(resolve_device("auto"))
-        handle = ModelHandle(name=model, path=path, dtype=dtype, device=dev)
+        handle = ModelHandle(name=model, path=path, dtype=dtype, device=dev, quantize=quantize)
         ar = handle.get()
-        return (replace(handle, family=ar.family, resolutions=tuple(ar.defaults.resolutions)),)
+        plan = ar.memory_plan.one_line(ar.quantize) if ar.memory_plan is not None else ""
+        return (replace(handle, family=ar.family, resolutions=tuple(ar.defaults.resolutions), memory=plan),)

@@ -11,8 +11,9 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -21,25 +22,39 @@ from sjd_pac_core import ARImageModel
 from sjd_pac_core.models.loader import resolve_folder
 
 from . import comfy_bridge
-from .datatypes import ModelHandle
 
 log = logging.getLogger("sjd_pac.nodes")
 
 MAX_LOADED = int(os.environ.get("SJD_PAC_MAX_LOADED_MODELS", "2"))
 
+
+@dataclass(frozen=True)
+class ModelHandle:
+    """AR_IMAGE_MODEL, what the loader outputs: a reference to a model held in this cache.
+
+    ComfyUI caches node outputs, so the graph keeps this handle, not the weights: after ComfyUI
+    frees memory (our models are unloaded and dropped from the cache) `get()` loads them again.
+    """
+
+    name: str  # the loader's choice: "demo" or a folder name under models/autoregressive
+    path: str  # what load_model gets: "demo" or the folder's absolute path
+    dtype: str  # auto / bf16 / fp16 / fp32
+    device: str  # a concrete device string ("cpu", "cuda:0", ...)
+    family: str = ""
+    resolutions: Tuple[str, ...] = ()
+    quantize: str = "none"  # none / int8 / 4bit / auto (weight-only)
+    memory: str = ""  # the loaded model's memory plan, one line
+
+    @property
+    def key(self) -> Tuple[str, ...]:
+        return (self.path, self.dtype, self.device, self.quantize)
+
+    def get(self) -> ARImageModel:
+        return get_model(self)
+
+
 _lock = threading.RLock()
-_models: "OrderedDict[Tuple[str, str, str], ARImageModel]" = OrderedDict()
-_load_count = 0  # how many times weights were read (tests check reuse with it)
-
-
-def load_count() -> int:
-    return _load_count
-
-
-def loaded_keys() -> List[Tuple[str, str, str]]:
-    with _lock:
-        return list(_models)
-
+_models: "OrderedDict[Tuple[str, ...], ARImageModel]" = OrderedDict()
 
 def _weights_bytes(path: str) -> int:
     try:
@@ -51,7 +66,6 @@ def _weights_bytes(path: str) -> int:
 
 def get_model(handle: ModelHandle) -> ARImageModel:
     """The model for `handle`, loading it if it is not (or no longer) loaded."""
-    global _load_count
     with _lock:
         model = _models.get(handle.key)
         if model is not None:
@@ -59,8 +73,9 @@ def get_model(handle: ModelHandle) -> ARImageModel:
             return model
         comfy_bridge.install_free_memory_hook(release_device)
         comfy_bridge.free_memory_for(_weights_bytes(handle.path), handle.device)
-        model = sp.load_model(handle.path, dtype=handle.dtype, device=handle.device)
-        _load_count += 1
+        model = sp.load_model(handle.path, dtype=handle.dtype, device=handle.device, quantize=handle.quantize)
+        if model.memory_plan is not None:
+            log.info("sjd-pac: %s", model.memory_plan.one_line(model.quantize))
         _models[handle.key] = model
         while len(_models) > max(1, MAX_LOADED):
             _, old = _models.popitem(last=False)
@@ -75,8 +90,9 @@ def _unload(model: ARImageModel) -> None:
         log.warning("sjd-pac: unloading %s failed", getattr(model, "name", "?"), exc_info=True)
 
 
-def release_device(device: Optional[torch.device] = None, needed: float = float("inf")) -> int:
-    """Unload cached models on `device` (all devices when None); returns how many were unloaded."""
+def release_device(device: Optional[torch.device] = None) -> int:
+    """Unload the cached models on `device`'s type (every GPU when None; models on the CPU stay,
+    since ComfyUI frees GPU memory here); returns how many were unloaded."""
     released = 0
     with _lock:
         for key in list(_models):

@@ -11,15 +11,16 @@ import torch
 
 import sjd_pac_core as sp
 from sjd_pac_core import ConfigError, Progress, SamplerConfig
-from sjd_pac_core.config import MAX_TREE_NODES, MAX_WINDOW, METHODS, VERIFY_RULES, max_tree_depth, tree_node_count
+from sjd_pac_core.config import MAX_TREE_NODES, MAX_WINDOW, METHODS, VERIFY_RULES, tree_node_count
 from sjd_pac_core.demo import EXAMPLE_PROMPT
-from sjd_pac_core.models.demo import DemoImageModel
 from sjd_pac_core.models.sizes import known_resolutions
-from sjd_pac_core.settings import config_from_settings, pointless_setting_warnings, run_record
+from sjd_pac_core.sampling.seeds import SEED_MAX
+from sjd_pac_core.settings import RECORD_PNG_KEY, config_from_settings, pointless_setting_warnings, run_record
 from sjd_pac_core.threads import threads_for, torch_threads
 
 from . import comfy_bridge, speedup
-from .datatypes import AR_IMAGE_MODEL, AR_IMAGE_TOKENS, SJD_STATS, ARImageTokens, ModelHandle, SJDStats
+from .datatypes import AR_IMAGE_MODEL, AR_IMAGE_TOKENS, SJD_STATS, ARImageTokens, SJDStats
+from .model_cache import ModelHandle
 from .decode import DEFAULT_UPSCALE_TO, UPSCALE_INPUTS, tokens_to_image
 
 log = logging.getLogger("sjd_pac.nodes")
@@ -29,9 +30,7 @@ log = logging.getLogger("sjd_pac.nodes")
 RESOLUTIONS = ["default", *known_resolutions()]
 METHOD_CHOICES = ["sjd_pac", "sjd", "ar"]
 VERIFY_CHOICES = ["rejection", "gumbel"]
-SEED_MAX = 2**63 - 1  # batches use seed, seed + 1, ...; torch seeds must stay below 2**64
 PROGRESS_EVENT = "sjd_pac.progress"
-PNGINFO_KEY = "sjd_pac"  # the saved PNG's text chunk with each sampler's settings, keyed by node id
 MODEL_DEFAULT = -1  # a numeric knob at -1 takes the loaded model's recommended value
 
 # Widget ranges for D and K chosen so that no combination exceeds the tree budget: every
@@ -42,11 +41,11 @@ TREE_WIDTH_MAX = max(k for k in range(1, 65) if tree_node_count(TREE_DEPTH_MAX, 
 assert set(METHOD_CHOICES) == set(METHODS) and set(VERIFY_CHOICES) == set(VERIFY_RULES)
 
 _FROM_MODEL = "-1 = the loaded model's recommended value"
-_DEMO = DemoImageModel.defaults  # the tooltips name the demo's values and the other families'
+_BASE = SamplerConfig()  # the library's defaults, which the large families keep (tests check the demo's)
 
-# name -> (ComfyUI type, options). One table feeds INPUT_TYPES and validate_knobs.
+# Widget name (the SamplerConfig field, as on every surface) -> (ComfyUI type, options): INPUT_TYPES.
 KNOBS: Dict[str, Tuple[Any, dict]] = {
-    "cfg": ("FLOAT", {
+    "cfg_scale": ("FLOAT", {
         "default": -1.0, "min": -1.0, "max": 30.0, "step": 0.1, "round": 0.01,
         "tooltip": "Classifier-free guidance scale: how strongly the image follows the prompt. 1.0 turns "
                    f"guidance off (half the compute). {_FROM_MODEL}: demo 2, Lumina-mGPT 3, Emu3 3, Janus-Pro 5.",
@@ -78,20 +77,20 @@ KNOBS: Dict[str, Tuple[Any, dict]] = {
     "window": ("INT", {
         "default": MODEL_DEFAULT, "min": -1, "max": MAX_WINDOW, "step": 1,
         "tooltip": "Window L: draft tokens verified per forward pass (sjd, sjd_pac). "
-                   f"{_FROM_MODEL} (demo {_DEMO.window}, the others {SamplerConfig.window}); 0 = auto (chosen every pass from measured "
+                   f"{_FROM_MODEL} (demo 12, the others {_BASE.window}); 0 = auto (chosen every pass from measured "
                    "costs and acceptance). Usual 16-64; L = 1 cannot beat ar. Ignored by ar.",
     }),
     "tree_depth": ("INT", {
         "default": MODEL_DEFAULT, "min": -1, "max": TREE_DEPTH_MAX, "step": 1,
         "tooltip": "Tree depth D of Proactive Drafting (sjd_pac): the tree branches at the D-1 positions after "
                    "a rejection, so its cost grows as K^(D-1). 1 turns the tree off; "
-                   f"{_FROM_MODEL} (demo {_DEMO.tree_depth}, the others {SamplerConfig.tree_depth} as in the paper).",
+                   f"{_FROM_MODEL} (demo 2, the others {_BASE.tree_depth} as in the paper).",
     }),
     "tree_width": ("INT", {
         "default": MODEL_DEFAULT, "min": -1, "max": TREE_WIDTH_MAX, "step": 1,
         "tooltip": "Tree width K of Proactive Drafting (sjd_pac): at most K candidate tokens per tree level; "
-                   f"the cost grows as K^(D-1). {_FROM_MODEL} (demo {_DEMO.tree_width}, the others "
-                   f"{SamplerConfig.tree_width} as in the paper). Must not exceed top_k.",
+                   f"the cost grows as K^(D-1). {_FROM_MODEL} (demo 4, the others {_BASE.tree_width} as in the "
+                   "paper). Must not exceed top_k.",
     }),
     "verify": (VERIFY_CHOICES, {
         "default": "gumbel",
@@ -111,8 +110,6 @@ KNOBS: Dict[str, Tuple[Any, dict]] = {
     }),
 }
 
-CONFIG_KNOBS = frozenset(KNOBS) - {"batch_size", "compile"}  # what make_config needs (compile is optional)
-
 MODEL_INPUT = (AR_IMAGE_MODEL, {"tooltip": "The model from Load AR Image Model."})
 PROMPT_INPUT = ("STRING", {
     "multiline": True, "default": EXAMPLE_PROMPT,
@@ -131,30 +128,6 @@ def _from_widget(value: Any) -> Any:
     return None if value is None or value == MODEL_DEFAULT else value
 
 
-def largest_tree_depth(tree_width: int) -> int:
-    """The largest D the node allows for tree width K (the budget's limit, capped by the widget)."""
-    return min(TREE_DEPTH_MAX, max_tree_depth(max(1, tree_width)))
-
-
-def _check_knob(name: str, value: Any, tree_width: int = 4) -> Optional[str]:
-    """ComfyUI's own min/max/list check, for hosts that call the node without it."""
-    kind, opts = KNOBS[name]
-    if kind == "BOOLEAN":
-        return None if isinstance(value, bool) else f"{name} must be true or false, got {value!r}."
-    if isinstance(kind, list):
-        if value not in kind:
-            return f"{name} must be one of {', '.join(kind)}, got {value!r}."
-        return None
-    if name == "tree_depth" and value > opts["max"]:
-        return (f"tree_depth (D) = {value} is too deep: the tree's cost grows as K^(D-1); with tree_width "
-                f"K = {tree_width} use D <= {largest_tree_depth(tree_width)}.")
-    if "min" in opts and value < opts["min"]:
-        return f"{name} must be at least {opts['min']}, got {value}; {MODEL_DEFAULT} takes the model's value."
-    if "max" in opts and value > opts["max"]:
-        return f"{name} must be at most {opts['max']}, got {value}; {MODEL_DEFAULT} takes the model's value."
-    return None
-
-
 def check_tree_fits_top_k(config: SamplerConfig) -> None:
     """Proactive Drafting draws K distinct candidates, so K must not exceed top-k when both are on."""
     if config.use_pd and config.top_k and config.tree_width > config.top_k:
@@ -166,7 +139,7 @@ def check_tree_fits_top_k(config: SamplerConfig) -> None:
 
 def make_config(
     method: str, window: int, tree_depth: int, tree_width: int, verify: str,
-    cfg: float, temperature: float, top_k: int, top_p: float, defaults: Optional[sp.FamilyDefaults] = None,
+    cfg_scale: float, temperature: float, top_k: int, top_p: float, defaults: Optional[sp.FamilyDefaults] = None,
     compile: bool = False,
 ) -> SamplerConfig:
     """Widget values -> SamplerConfig through settings.config_from_settings: -1 takes `defaults`
@@ -175,43 +148,21 @@ def make_config(
         defaults, method=method, verify=verify,
         window="auto" if window == 0 else _from_widget(window),
         tree_depth=_from_widget(tree_depth), tree_width=_from_widget(tree_width),
-        cfg_scale=_from_widget(cfg), temperature=_from_widget(temperature),
+        cfg_scale=_from_widget(cfg_scale), temperature=_from_widget(temperature),
         top_k=_from_widget(top_k), top_p=_from_widget(top_p), compile=compile,
     )
     check_tree_fits_top_k(config)
     return config
 
 
-def validate_knobs(**values: Any) -> Any:
-    """True, or one sentence naming the fix (for hosts that skip ComfyUI's checks)."""
-    given = {k: v for k, v in values.items() if v is not None}  # linked inputs arrive as None
-    width = _from_widget(given.get("tree_width")) or 4
-    for name, value in given.items():
-        message = _check_knob(name, value, width)
-        if message:
-            return message
-    try:
-        if CONFIG_KNOBS <= set(given):
-            make_config(**{k: given[k] for k in CONFIG_KNOBS | ({"compile"} & set(given))})
-    except ConfigError as exc:
-        return str(exc)
-    return True
-
-
-def run_settings(config: SamplerConfig, handle: ModelHandle, prompt: str, negative_prompt: str,
-                 resolution: str, seed: int, batch_size: int) -> Dict[str, Any]:
-    """Everything needed to reproduce a run, for the saved PNG's metadata (all plain JSON)."""
-    return run_record(config, prompt=prompt, seed=seed, negative_prompt=negative_prompt, resolution=resolution,
-                      model=handle.name, family=handle.family, batch_size=batch_size)
-
-
-def record_in_pnginfo(extra_pnginfo: Any, node_id: Optional[str], settings: Dict[str, Any]) -> None:
-    """Add this sampler's settings to ComfyUI's extra_pnginfo, which Save Image writes into the PNG."""
+def record_in_pnginfo(extra_pnginfo: Any, node_id: Optional[str], record: Dict[str, Any]) -> None:
+    """Add this sampler's run record to ComfyUI's extra_pnginfo, which Save Image writes into the PNG
+    (under RECORD_PNG_KEY, keyed by node id: a graph may hold several samplers)."""
     if isinstance(extra_pnginfo, dict):
-        entry = extra_pnginfo.get(PNGINFO_KEY)
+        entry = extra_pnginfo.get(RECORD_PNG_KEY)
         if not isinstance(entry, dict):
-            entry = extra_pnginfo[PNGINFO_KEY] = {}
-        entry[str(node_id) if node_id is not None else "sampler"] = settings
+            entry = extra_pnginfo[RECORD_PNG_KEY] = {}
+        entry[str(node_id) if node_id is not None else "sampler"] = record
 
 
 class LiveReporter:
@@ -233,7 +184,6 @@ class LiveReporter:
         self.pending: List[int] = []
         self.last_preview = float("-inf")
         self.last_event = float("-inf")
-        self.previews = 0
 
     def __call__(self, progress: Progress) -> None:
         comfy_bridge.check_interrupted()  # Cancel: raises here, the sampler frees its cache
@@ -262,8 +212,6 @@ class LiveReporter:
         except Exception:  # a preview must never stop a run
             log.debug("sjd-pac: preview failed", exc_info=True)
             return None
-        if image is not None:
-            self.previews += 1
         return image
 
     def _send(self, progress: Progress, done: bool) -> None:
@@ -298,7 +246,7 @@ def run_sampler(
         with warnings.catch_warnings(record=True) as caught, torch_threads(threads_for(model)) as threads:
             warnings.simplefilter("always")
             result = sp.generate_image(
-                model, prompt, config=config, seed=int(seed), negative_prompt=negative_prompt,
+                model, prompt, config=config, seed=seed, negative_prompt=negative_prompt,
                 resolution=res, callback=reporter, batch_size=int(batch_size),
             )
     except BaseException:
@@ -308,16 +256,18 @@ def run_sampler(
     for note in notes:
         log.warning("sjd-pac: %s", note)
     tokens = result.tokens.reshape(batch_size, -1).cpu()
-    out = ARImageTokens(tokens=tokens, resolution=result.encoding.resolution, model=handle,
-                        seeds=[int(seed) + i for i in range(batch_size)])
-    key = (handle.key, prompt, negative_prompt, int(seed), result.encoding.resolution, int(batch_size),
+    out = ARImageTokens(tokens=tokens, resolution=result.encoding.resolution, model=handle, seeds=result.image_seeds)
+    key = (handle.key, prompt, negative_prompt, result.seed, result.encoding.resolution, int(batch_size),
            config.cfg_scale, config.temperature, config.top_k, config.top_p)
+    cpu_threads = threads if model.device.type == "cpu" else None
     stats = SJDStats(runs=list(result.all_stats), config=config, model_name=handle.name, prompt=prompt,
-                     seed=int(seed), resolution=result.encoding.resolution, tokens=tokens, baseline_key=key,
-                     threads=threads if model.device.type == "cpu" else None, notes=notes)
+                     seed=result.seed, resolution=result.encoding.resolution, tokens=tokens, baseline_key=key,
+                     threads=cpu_threads, notes=notes)
     speedup.record(stats)
-    record_in_pnginfo(extra_pnginfo, node_id, run_settings(
-        config, handle, prompt, negative_prompt, result.encoding.resolution, seed, batch_size))
+    record_in_pnginfo(extra_pnginfo, node_id, run_record(
+        config, prompt=prompt, seed=result.seed, negative_prompt=negative_prompt,
+        resolution=result.encoding.resolution, model=handle.name, family=handle.family, batch_size=batch_size,
+        device=str(model.device), threads=cpu_threads))
     return out, stats
 
 
@@ -346,7 +296,7 @@ class SJDPACSampler:
                 "negative_prompt": ("STRING", {
                     "multiline": True, "default": "",
                     "tooltip": "What to avoid; used as the unconditional prompt of classifier-free guidance "
-                               "(needs cfg > 1). Some families (the demo model) ignore it.",
+                               "(needs cfg_scale > 1). Some families (the demo model) ignore it.",
                 }),
                 "resolution": (RESOLUTIONS, {
                     "default": "default",
@@ -357,7 +307,7 @@ class SJDPACSampler:
                                "for -768).",
                 }),
                 "seed": SEED_INPUT,
-                "cfg": k["cfg"], "temperature": k["temperature"], "top_k": k["top_k"], "top_p": k["top_p"],
+                "cfg_scale": k["cfg_scale"], "temperature": k["temperature"], "top_k": k["top_k"], "top_p": k["top_p"],
                 "method": k["method"], "window": k["window"], "tree_depth": k["tree_depth"],
                 "tree_width": k["tree_width"], "verify": k["verify"], "batch_size": k["batch_size"],
             },
@@ -371,10 +321,10 @@ class SJDPACSampler:
     # any model work, as one sentence (a VALIDATE_INPUTS naming four inputs showed it four times).
 
     def sample(self, model: ModelHandle, prompt: str, negative_prompt: str, resolution: str, seed: int,
-               cfg: float, temperature: float, top_k: int, top_p: float, method: str, window: int,
+               cfg_scale: float, temperature: float, top_k: int, top_p: float, method: str, window: int,
                tree_depth: int, tree_width: int, verify: str, batch_size: int, compile: bool = False,
                unique_id: Optional[str] = None, extra_pnginfo: Any = None) -> Tuple[ARImageTokens, SJDStats]:
-        config = make_config(method, window, tree_depth, tree_width, verify, cfg, temperature, top_k, top_p,
+        config = make_config(method, window, tree_depth, tree_width, verify, cfg_scale, temperature, top_k, top_p,
                              defaults=model.get().defaults, compile=compile)
         return run_sampler(model, prompt, negative_prompt, resolution, seed, config, batch_size, unique_id,
                            extra_pnginfo)

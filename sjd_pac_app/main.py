@@ -28,6 +28,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                          "if it exists)")
     ap.add_argument("--device", default="auto", help="auto (GPU if there is one), cuda, cuda:1, mps or cpu")
     ap.add_argument("--dtype", default="auto", help="auto, bf16, fp16 or fp32")
+    ap.add_argument("--quantize", default="none", choices=["none", "int8", "4bit", "auto"],
+                    help="weight-only quantization of the model's transformer layers (auto: the most precise "
+                         "that fits the device)")
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between live updates (default 0.1)")
     return ap.parse_args(argv)
 
@@ -35,7 +38,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     try:
-        from .app import SjdPacApp, launch_kwargs  # imports gradio (after the env var above)
+        from .app import SjdPacApp  # imports gradio (after the env var above)
+        from .layout import launch_kwargs
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in ("gradio", "gradio_client"):
             raise
@@ -52,7 +56,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               "your checkpoint folders.", file=sys.stderr)
         return 2
 
-    app = SjdPacApp(ModelManager(models_dir, device=args.device, dtype=args.dtype), args.model,
+    app = SjdPacApp(ModelManager(models_dir, device=args.device, dtype=args.dtype,
+                                      quantize=args.quantize), args.model,
                     interval=args.interval)
     say(f"loading the model {args.model!r} (device {args.device}) …")
     app.preload()

@@ -205,12 +205,3 @@ def histogram_chart(
         axes.x_tick(tick, label)
     axes.x_label("tokens committed in one forward pass")
     return axes.image
-
-
-def stats_histogram(accept_lengths: Sequence[int]) -> Dict[int, int]:
-    """The same counts RunStats.histogram() gives, for a prefix of the passes."""
-    hist: Dict[int, int] = {}
-    for n in accept_lengths:
-        hist[n] = hist.get(n, 0) + 1
-    return dict(sorted(hist.items()))
-

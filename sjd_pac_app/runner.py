@@ -21,7 +21,7 @@ from PIL import Image, PngImagePlugin
 
 import sjd_pac_core as sp
 from sjd_pac_core.config import ConfigError, SamplerConfig
-from sjd_pac_core.settings import config_from_settings, resolve_seed
+from sjd_pac_core.settings import RECORD_PNG_KEY, config_from_settings, run_record, seed_value, whole_number
 from sjd_pac_core.threads import threads_for, torch_threads
 from sjd_pac_core.models.loader import detect_family, read_config, resolve_device, resolve_folder
 
@@ -52,9 +52,11 @@ class ModelManager:
         dtype: str = "auto",
         loader: Callable[..., sp.ARImageModel] = sp.load_model,
         precheck: bool = True,
+        quantize: str = "none",
     ) -> None:
         self.models_dir = Path(models_dir).expanduser() if models_dir else None
         self.device, self.dtype = device, dtype
+        self.quantize = quantize  # none / int8 / 4bit / auto, passed to load_model when not "none"
         self._loader = loader
         self.precheck = precheck  # run load_model's cheap folder checks before unloading
         self._lock = threading.Lock()
@@ -85,7 +87,8 @@ class ModelManager:
                 folder = resolve_folder(key)
                 detect_family(folder, read_config(folder))
             self._release()
-            model = self._loader(key, dtype=self.dtype, device=self.device)
+            extra = {} if self.quantize == "none" else {"quantize": self.quantize}
+            model = self._loader(key, dtype=self.dtype, device=self.device, **extra)
             self.model, self.spec = model, key
             if key != DEMO and key not in self._extra:
                 self._extra.append(key)
@@ -130,6 +133,14 @@ def run_threads(model: sp.ARImageModel) -> int:
     return threads_for(model) or torch.get_num_threads()
 
 
+FALLBACK_DEFAULTS = sp.FamilyDefaults(resolutions=())  # what the page shows until a model is loaded
+
+
+def defaults_of(model: Optional[sp.ARImageModel]) -> sp.FamilyDefaults:
+    """The loaded model's recommended settings (the fields' values), or generic ones."""
+    return model.defaults if model is not None else FALLBACK_DEFAULTS
+
+
 def prompt_words(model: Optional[sp.ARImageModel]) -> List[str]:
     """The words a word-level model (the demo) knows; empty for models with a real tokenizer."""
     vocab = getattr(model, "vocab", None)
@@ -147,29 +158,23 @@ MAX_PROMPT_WORDS = 400
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Everything a run needs besides the model, validated; `record()` is what the run JSON and
-    the saved PNG carry so that the image can be reproduced."""
+    """Everything a run needs besides the model, validated. `seed` is the user's value, passed
+    through to generate_image: None draws a random seed there, which the result reports."""
 
     prompt: str
     negative_prompt: str
     resolution: Optional[str]
-    seed: int
-    seed_was_random: bool
+    seed: Optional[int]
     config: SamplerConfig
 
-    def record(self, model_name: str = "", threads: Optional[int] = None) -> dict:
-        c = self.config
-        record = {
-            "model": model_name, "prompt": self.prompt, "negative_prompt": self.negative_prompt,
-            "resolution": self.resolution, "seed": self.seed, "seed_was_random": self.seed_was_random,
-            "method": c.method, "verify": c.verify, "window": c.window, "tree_depth": c.tree_depth,
-            "tree_width": c.tree_width, "cfg_scale": c.cfg_scale, "temperature": c.temperature,
-            "top_k": c.top_k, "top_p": c.top_p, "adaptive_continuation": c.adaptive_continuation,
-            "proactive_drafting": c.proactive_drafting, "init_proposal": c.init_proposal,
-        }
-        if threads is not None:
-            record["threads"] = threads
-        return record
+    def record(self, model: sp.ARImageModel, seed: Optional[int], config: Optional[SamplerConfig] = None) -> dict:
+        """The run record (settings.run_record, as the CLI and the nodes write it) of a run of
+        `config` (default: these settings') with the seed it used (None while a random one is
+        not drawn yet)."""
+        cpu = model.device.type == "cpu"
+        return run_record(config or self.config, prompt=self.prompt, seed=seed, random_seed=self.seed is None,
+                          negative_prompt=self.negative_prompt, resolution=self.resolution, model=model.name or "",
+                          family=model.family, device=str(model.device), threads=run_threads(model) if cpu else None)
 
 
 def check_prompt(prompt: object) -> str:
@@ -191,7 +196,7 @@ def run_settings(
 
     The conversion itself is sjd_pac_core.settings (shared with the CLI and the nodes): empty
     fields take the model's defaults, top-k 0 / top-p 1 are off, L may be 'auto', fractions in
-    whole-number fields are refused; seed -1 (or empty) draws a random seed, returned here.
+    whole-number fields are refused; seed -1 (or empty) is None: generate_image draws a random one.
     """
     text = check_prompt(prompt)
     negative = check_prompt(negative_prompt)
@@ -199,26 +204,19 @@ def run_settings(
         defaults, method=method, window=window, tree_depth=tree_depth, tree_width=tree_width,
         verify=verify, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
     )
-    random_seed = seed is None or (isinstance(seed, str) and not seed.strip()) or _is_minus_one(seed)
-    return RunSettings(text, negative, resolution or None, resolve_seed(seed), random_seed, config)
+    return RunSettings(text, negative, resolution or None, seed_value(seed), config)
 
 
-def _is_minus_one(value: object) -> bool:
-    try:
-        return float(value) == -1  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
+DEFAULT_REPEATS = 3  # Compare: interleaved runs per method; the speedup is the ratio of medians
+MAX_REPEATS = 10
 
 
-def pointless_setting_warnings(config: SamplerConfig) -> List[str]:
-    """Settings that are valid but make the chosen method no better than plain AR."""
-    warnings: List[str] = []
-    if config.method in ("sjd", "sjd_pac") and config.window == 1:
-        warnings.append(
-            f"L = 1 verifies a single draft per forward pass, so {METHOD_LABELS[config.method]} cannot "
-            "beat AR (each pass costs more); use 16-64 or 'auto'."
-        )
-    return warnings
+def check_repeats(value: object) -> int:
+    """Compare's repeat count: empty takes the default; a whole number from 1 to MAX_REPEATS."""
+    count = whole_number(DEFAULT_REPEATS if value in (None, "") else value, "Repeats", "3")
+    if not 1 <= count <= MAX_REPEATS:
+        raise ConfigError(f"Repeats must be between 1 and {MAX_REPEATS}, got {count}; try 3.")
+    return count
 
 
 def friendly_error(exc: BaseException, config: Optional[SamplerConfig] = None,
@@ -239,6 +237,9 @@ def out_of_memory_message(config: Optional[SamplerConfig], device: Optional[torc
         "the Mac's GPU" if device is not None and device.type == "mps" else "this computer's memory")
     if config is None or config.method == "ar":
         return f"Out of memory in {where} while generating; close other programs or load the model in a smaller dtype."
+    if config.node_budget is not None and config.use_pd:
+        return (f"Out of memory in {where}: each forward pass carries up to {config.pass_nodes} draft nodes "
+                "(the node budget); lower the node budget (64 or 32).")
     tree = config.tree.level_nodes if config.use_pd else 0
     window = config.window if isinstance(config.window, int) else 0
     if tree > max(window, 64):
@@ -371,7 +372,7 @@ def stream_generation(
     model: sp.ARImageModel,
     prompt: str,
     config: SamplerConfig,
-    seed: int,
+    seed: Optional[int],
     stop: threading.Event,
     negative_prompt: str = "",
     resolution: Optional[str] = None,
@@ -512,11 +513,11 @@ def image_file_name(prompt: str, seed: int, method: str) -> str:
 
 
 def save_image(image: Image.Image, record: dict, folder: Union[str, Path]) -> Path:
-    """Write the upscaled picture as a PNG whose text chunk "sjd-pac" holds the run's settings
+    """Write the upscaled picture as a PNG whose text chunk "sjd_pac" holds the run record
     (prompt, seed and every knob) as JSON, named after prompt and seed."""
     keep = upscale_to_keep(image)
     info = PngImagePlugin.PngInfo()
-    info.add_text("sjd-pac", json.dumps(record, sort_keys=True))
+    info.add_text(RECORD_PNG_KEY, json.dumps(record, sort_keys=True))
     info.add_text("parameters", f"{record.get('prompt', '')}\nSeed: {record.get('seed')}, "
                                 f"Sampler: {record.get('method')} ({record.get('verify')})")
     path = Path(folder) / image_file_name(str(record.get("prompt", "")), int(record.get("seed", 0)),

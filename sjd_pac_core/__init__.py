@@ -24,6 +24,7 @@ _EXPORTS = {
     "ARImageModel": ".models.image_model", "FamilyDefaults": ".models.image_model",
     "ImageLayout": ".models.image_model", "PromptEncoding": ".models.image_model",
     "ModelLoadError": ".models.loader", "list_model_folders": ".models.loader", "load_model": ".models.loader",
+    "memory_plan": ".models.loader", "MemoryPlan": ".models.memory",
     "resolve_device": ".models.loader", "resolve_folder": ".models.loader",
     "SamplingRecipe": ".sampling.recipe", "TokenConstraints": ".sampling.recipe",
 }
@@ -57,6 +58,7 @@ __all__ = [
     "GenerationCancelled",
     "ImageLayout",
     "ImageResult",
+    "MemoryPlan",
     "ModelLoadError",
     "NotACausalLMError",
     "PassRecord",
@@ -71,6 +73,7 @@ __all__ = [
     "generate_image",
     "list_model_folders",
     "load_model",
+    "memory_plan",
     "resolve_device",
     "resolve_folder",
     "sample_tokens",

@@ -1,4 +1,4 @@
-"""Command line: `sjd-pac generate` (one image) and `sjd-pac bench` (the benchmark).
+"""Command line: `sjd-pac generate` (one image), `sjd-pac batch` (many) and `sjd-pac bench` (the benchmark).
 
 Every argument, the output path included, is parsed and checked before torch is imported or a
 model is loaded: `--help` and a mistyped flag answer at once, and a run never fails at its end
@@ -8,19 +8,20 @@ because of a setting that could have been checked at its start.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 # Only light modules at import time: config and settings import neither torch nor transformers.
 from .config import ConfigError
 from .demo import EXAMPLE_PROMPT
-from .images import MAX_UPSCALE, UPSCALE_FILTERS
-from .settings import config_from_settings, resolve_seed, window_value
+from .images import MAX_UPSCALE, UPSCALE_FILTERS, png_bytes
+from .settings import SETTINGS, config_from_settings, flag, node_budget_value, seed_value, window_value
 
 DEVICE_NAMES = "auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps"
 BENCH_COMMANDS = ("bench", "lossless")
@@ -93,6 +94,13 @@ def _window_arg(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _node_budget_arg(text: str):
+    try:
+        return node_budget_value(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _int_at_least(low: int, high: Optional[int] = None):
     def parse(text: str) -> int:
         try:
@@ -108,83 +116,94 @@ def _int_at_least(low: int, high: Optional[int] = None):
 
 
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
+    """The sampler's flags: each is its SamplerConfig field with dashes (settings.flag), and lands
+    in `args` under the field's name."""
     g = p.add_argument_group("sampler (defaults: the model family's recommended settings)")
-    g.add_argument("--method", choices=["ar", "sjd", "sjd_pac"], default="sjd_pac")
-    g.add_argument("--window", "-L", type=_window_arg, default=None,
+    g.add_argument(flag("method"), choices=["ar", "sjd", "sjd_pac"], default="sjd_pac")
+    g.add_argument(flag("window"), "-L", type=_window_arg, default=None,
                    help="draft window L (1-1024), or 'auto' (chosen from measured costs and acceptance)")
-    g.add_argument("--tree-depth", "-D", type=int, default=None,
+    g.add_argument(flag("tree_depth"), "-D", type=int, default=None,
                    help="PD tree depth D (counts the root); the tree's cost grows as K^(D-1)")
-    g.add_argument("--tree-width", "-K", type=int, default=None, help="PD tree width K")
-    g.add_argument("--tree-first-width", type=int, default=None,
+    g.add_argument(flag("tree_width"), "-K", type=int, default=None, help="PD tree width K")
+    g.add_argument(flag("tree_first_width"), type=int, default=None,
                    help="candidates at the tree's first level (default 8; 0 = K at every level: "
                         "-D 2 -K 4 --tree-first-width 0 is the fastest tree measured on a CPU)")
-    g.add_argument("--side-chain", type=int, default=None,
+    g.add_argument(flag("tree_side_chain"), type=int, default=None,
                    help="drafts hung off each one-deviation tree leaf (0 = off: fewer nodes per pass, "
                         "cheaper on a CPU)")
-    g.add_argument("--chain-width", type=int, default=None,
+    g.add_argument(flag("tree_chain_width"), type=int, default=None,
                    help="candidates at every chain position past the tree (1 = off, the default; 3 adds "
                         "2 x (L - D + 1) nodes per pass and the most tokens per pass measured, for hardware "
                         "where nodes are nearly free; needs a fixed window)")
-    g.add_argument("--node-budget", default=None,
+    g.add_argument(flag("node_budget"), type=_node_budget_arg, default=None,
                    help="nodes per pass (rows beyond the root; x2 with CFG): the window and tree are then "
-                        "chosen every pass from the acceptance measured in the run (replaces -D/-K/"
-                        "--tree-first-width/--side-chain/--chain-width; L caps the main chain); 'auto' also "
-                        "picks the budget from measured pass costs; 0 = off (the default)")
-    g.add_argument("--no-ac", action="store_true", help="switch Adaptive Continuation off")
-    g.add_argument("--no-pd", action="store_true", help="switch Proactive Drafting off")
-    g.add_argument("--verify", choices=["rejection", "gumbel"], default="gumbel",
+                        "chosen every pass from the acceptance measured in the run (replaces the tree "
+                        "flags; L caps the main chain); 'auto' also picks the budget from measured pass "
+                        "costs; 0 = off (the default)")
+    g.add_argument(flag("adaptive_continuation"), action=argparse.BooleanOptionalAction, default=True,
+                   help="Adaptive Continuation (sjd_pac; on by default)")
+    g.add_argument(flag("proactive_drafting"), action=argparse.BooleanOptionalAction, default=True,
+                   help="Proactive Drafting (sjd_pac; on by default)")
+    g.add_argument(flag("verify"), choices=["rejection", "gumbel"], default="gumbel",
                    help="gumbel (default) = seed-exact: every method gives AR's picture for a seed; "
                         "rejection = the paper's speculative rejection sampling (both exact in distribution)")
-    g.add_argument("--cfg", type=float, default=None, help="classifier-free guidance scale")
-    g.add_argument("--temperature", type=float, default=None)
-    g.add_argument("--top-k", type=int, default=None, help="0 = off")
-    g.add_argument("--top-p", type=float, default=None, help="1 = off")
-    g.add_argument("--compile", action="store_true",
+    g.add_argument(flag("cfg_scale"), type=float, default=None, help="classifier-free guidance scale (1 = off)")
+    g.add_argument(flag("temperature"), type=float, default=None)
+    g.add_argument(flag("top_k"), type=int, default=None, help="0 = off")
+    g.add_argument(flag("top_p"), type=float, default=None, help="1 = off")
+    g.add_argument(flag("compile"), action="store_true",
                    help="compile the fixed-shape forward pass with torch.compile: faster passes after a "
                         "first run that compiles (about 6 s per pass shape on a CPU, cached on disk)")
 
 
 def _config_from_args(args, defaults=None):
     """The run's SamplerConfig: settings.config_from_settings over the family's defaults."""
-    return config_from_settings(
-        defaults, method=args.method, window=args.window, tree_depth=args.tree_depth,
-        tree_width=args.tree_width, tree_side_chain=args.side_chain, tree_first_width=args.tree_first_width,
-        tree_chain_width=args.chain_width, node_budget=args.node_budget, verify=args.verify, cfg_scale=args.cfg,
-        temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p,
-        adaptive_continuation=not args.no_ac, proactive_drafting=not args.no_pd, compile=args.compile,
-    )
+    return config_from_settings(defaults, **{name: getattr(args, name) for name in SETTINGS})
 
 
 def validate_generate_args(args: argparse.Namespace) -> None:
     """Every check `generate` can make without torch or the model; raises ConfigError/ArgumentError."""
     if not args.prompt.strip():
         raise ArgumentError(f"The prompt is empty; say what to draw, e.g. \"{EXAMPLE_PROMPT}\".")
+    check_demo_prompt(args.model, args.prompt)
     _config_from_args(args)  # window, D/K budget, temperature, top-k/p, CFG (family defaults come later)
-    args.seed = resolve_seed(args.seed)
+    seed_value(args.seed)  # -1 (random) or 0..2^64-1; generate_image draws a random one
     check_device(args.device)
     args.output = str(check_image_path(args.output))
 
 
-PNG_SETTINGS_KEY = "sjd_pac"  # the same text chunk the ComfyUI nodes write
+def check_demo_prompt(model: str, prompt: str) -> None:
+    """A prompt the demo model cannot read is refused from its vocabulary file, before its weights load."""
+    from .demo import WEIGHTS_DIR
+    from .demo.captions import check_prompt
+
+    check_prompt(prompt, WEIGHTS_DIR if model == "demo" else Path(model).expanduser())
 
 
 def save_with_settings(image, path: Path, record: dict) -> None:
-    """Save `image`; a PNG also carries the run's settings (prompt, seed, every knob) as JSON text."""
+    """Save `image`; a PNG also carries the run record (prompt, seed, every knob) as JSON text."""
     if path.suffix.lower() == ".png":
-        import json
-
-        from PIL.PngImagePlugin import PngInfo
-
-        info = PngInfo()
-        info.add_text(PNG_SETTINGS_KEY, json.dumps(record))
-        image.save(path, pnginfo=info)
+        path.write_bytes(png_bytes(image, record))
     else:
         image.save(path)
 
 
 def _output_paths(out: Path, count: int) -> List[Path]:
     return [out] if count == 1 else [out.with_name(f"{out.stem}_{i}{out.suffix}") for i in range(count)]
+
+
+@contextlib.contextmanager
+def _no_transformers_bars() -> Iterator[None]:
+    """transformers' progress bars (its "Loading weights" bar) off inside the block, as they were after."""
+    from transformers.utils import logging as transformers_logging
+
+    was = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            transformers_logging.enable_progress_bar()
 
 
 def _generate(args) -> int:
@@ -195,7 +214,10 @@ def _generate(args) -> int:
     from .settings import pointless_setting_warnings, run_record, settings_line
     from .threads import threads_for, torch_threads
 
-    model = sp.load_model(args.model, dtype=args.dtype, device=args.device)
+    with _no_transformers_bars() if args.quiet else contextlib.nullcontext():
+        model = sp.load_model(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize)
+    if model.memory_plan is not None and not args.quiet:
+        print(model.memory_plan.one_line(model.quantize), file=sys.stderr)
     config = _config_from_args(args, model.defaults)
     encoding_tokens = model.encode_prompt(args.prompt, args.negative_prompt, args.resolution).layout.num_tokens
     bar = tqdm(total=encoding_tokens * args.batch_size, unit="tok", desc=config.method, disable=args.quiet)
@@ -206,22 +228,23 @@ def _generate(args) -> int:
                         tokens_per_pass=f"{progress.stats.step_compression:.2f}")
 
     threads = args.threads if args.threads else threads_for(model)
-    with warnings.catch_warnings(), torch_threads(threads) as threads_used:
+    with warnings.catch_warnings(), torch_threads(threads) as threads_used:  # restores showwarning
         warnings.simplefilter("always")
-        warnings.formatwarning = lambda msg, *a, **k: f"warning: {msg}\n"
+        warnings.showwarning = lambda message, *_, **__: print(f"warning: {message}", file=sys.stderr)
         for message in pointless_setting_warnings(config):
             warnings.warn(message)
         result = sp.generate_image(model, args.prompt, config=config, seed=args.seed,
                                    negative_prompt=args.negative_prompt, resolution=args.resolution,
                                    callback=on_pass, batch_size=args.batch_size)
     bar.close()
+    cpu_threads = threads_used if model.device.type == "cpu" else None
     paths = _output_paths(Path(args.output), len(result.images))
-    for i, (image, path) in enumerate(zip(result.images, paths)):
-        record = run_record(config, prompt=args.prompt, seed=args.seed + i, negative_prompt=args.negative_prompt,
-                            resolution=result.encoding.resolution, model=args.model, family=model.family)
+    for image, path, seed in zip(result.images, paths, result.image_seeds):  # each file reproduces its image
+        record = run_record(config, prompt=args.prompt, seed=seed, random_seed=seed_value(args.seed) is None,
+                            negative_prompt=args.negative_prompt, resolution=result.encoding.resolution,
+                            model=args.model, family=model.family, device=str(model.device), threads=cpu_threads)
         save_with_settings(upscale(image, args.upscale, args.upscale_filter), path, record)
-    print(f"settings: {settings_line(config, threads_used if model.device.type == 'cpu' else None)}; "
-          f"seed {args.seed}")
+    print(f"settings: {settings_line(config, cpu_threads)}; seed {result.seed}")
     for stats in result.all_stats:
         print(f"{stats.method}: {stats.tokens_committed} tokens in {stats.forward_passes} forward passes = "
               f"{stats.step_compression:.2f} tokens per forward pass (plain AR: 1), {stats.wall_time:.2f} s")
@@ -240,10 +263,13 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     gen.add_argument("--negative-prompt", default="")
     gen.add_argument("--resolution", default=None,
                      help="WxH, one of the sizes the model was trained for (default: its own; a wrong one lists them)")
-    gen.add_argument("--seed", type=int, default=0, help="random seed; -1 picks a random one (printed)")
+    gen.add_argument("--seed", type=int, default=0, help="0 to 2^64-1; -1 picks a random one (printed)")
     gen.add_argument("--batch-size", type=_int_at_least(1, 64), default=1)
     gen.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     gen.add_argument("--device", default="auto", help=DEVICE_NAMES)
+    gen.add_argument("--quantize", default="none", choices=["none", "int8", "4bit", "auto"],
+                     help="weight-only quantization of the decoder layers (auto: the most precise that fits; "
+                          'needs pip install "sjd-pac[quant]")')
     gen.add_argument("--threads", type=_int_at_least(0), default=0,
                      help="torch CPU threads (0 = chosen for the model's size: 1 for small models such as "
                           "the demo, torch's default for large ones)")
@@ -255,6 +281,11 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     gen.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_sampler_args(gen)
     gen.set_defaults(func=_generate, validate=validate_generate_args)
+
+    from .batch.cli import add_batch_parser  # light, like generate: its checks run before torch
+
+    add_batch_parser(sub, check_writable_folder=check_writable_folder, check_device=check_device,
+                     check_demo_prompt=check_demo_prompt, quiet_loading=_no_transformers_bars)
 
     # The benchmark's parser imports torch: build it only when its command is asked for, so that
     # `sjd-pac --help` and `sjd-pac generate` start without it.

@@ -36,6 +36,9 @@ MAX_CHAIN_SIBLING_NODES = 1024
 MAX_WINDOW = 1024  # draft window L
 MAX_NODE_BUDGET = 1024  # SamplerConfig.node_budget: nodes per pass
 MAX_AUTO_BUDGET = 256  # the largest budget node_budget="auto" picks (engine/budget.py, BUDGET_CHOICES)
+# Pass sizes the auto window's cost probe runs (engine/window.py); the largest sizes the KV cache
+# along with the largest pass (engine/loop.py, models/memory.py).
+PROBE_SIZES: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 DEFAULT_TREE_FIRST_WIDTH = 8  # SamplerConfig.tree_first_width's default (docs/benchmark.md, "Drafting")
 
 

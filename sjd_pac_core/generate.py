@@ -13,7 +13,7 @@ from .config import ConfigError, SamplerConfig
 from .engine.loop import Callback, sample_tokens
 from .engine.stats import RunStats
 from .models.image_model import ARImageModel, PromptEncoding
-from .sampling.seeds import resolve_seed
+from .sampling.seeds import image_seed, resolve_seed
 
 
 @dataclass
@@ -24,7 +24,16 @@ class ImageResult:
     all_stats: List[RunStats]
     encoding: PromptEncoding
     config: SamplerConfig
-    seed: int
+    seed: int  # the seed used (the random one drawn for None or -1); image i used image_seeds[i]
+
+    @property
+    def image_seeds(self) -> List[int]:
+        return [image_seed(self.seed, i) for i in range(len(self.images))]
+
+
+def _short_repr(value: object, limit: int = 40) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def generate_image(
@@ -32,19 +41,34 @@ def generate_image(
     prompt: str,
     config: Optional[SamplerConfig] = None,
     seed: Optional[int] = 0,
-    negative_prompt: str = "",
+    negative_prompt: Optional[str] = "",
     resolution: Optional[str] = None,
     callback: Optional[Callback] = None,
     batch_size: int = 1,
 ) -> ImageResult:
     """Generate `batch_size` images (seeds seed, seed+1, ...) for one prompt.
 
-    seed: any integer (reduced to 64 bits), or None for a random one, reported in the result.
+    seed: 0 .. 2**64-1, or None or -1 for a fresh random one, reported in the result
+        (sampling/seeds.py: the one meaning of every value; front ends pass the user's value here).
+    prompt, negative_prompt: text (str); a negative prompt of None means none. Anything else is
+        a ConfigError before any work.
 
     config: None takes the family's recommended settings (model.defaults).
     callback: called after every forward pass with a Progress (see sample_tokens); raise
         GenerationCancelled in it to stop.
     """
+    if not isinstance(model, ARImageModel):
+        raise ConfigError(
+            f"model must be a model from sjd_pac_core.load_model, got {type(model).__name__}; load one with "
+            "load_model(path) (or load_model('demo'))."
+        )
+    for name, text in (("prompt", prompt), ("negative_prompt", negative_prompt)):
+        if not isinstance(text, str) and not (name == "negative_prompt" and text is None):
+            raise ConfigError(
+                f"{name} must be text (a str), got {_short_repr(text)} of type {type(text).__name__}; pass "
+                f"the words {'that describe the image' if name == 'prompt' else 'to steer away from'} ('' for none)."
+            )
+    negative_prompt = negative_prompt or ""  # None means none
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
     seed = resolve_seed(seed)
@@ -55,7 +79,7 @@ def generate_image(
     tokens, all_stats = [], []
     for i in range(batch_size):  # images run one after another: each has its own accept lengths
         out = sample_tokens(
-            model, encoding.prompt_ids, encoding.layout.num_tokens, config=config, seed=seed + i,
+            model, encoding.prompt_ids, encoding.layout.num_tokens, config=config, seed=image_seed(seed, i),
             uncond_prompt_ids=encoding.uncond_ids, allowed_tokens=encoding.constraints, callback=callback,
         )
         tokens.append(out.tokens)

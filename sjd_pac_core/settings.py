@@ -1,27 +1,57 @@
 """The one conversion from user-facing settings (CLI flags, ComfyUI widgets, Gradio fields) to a
-SamplerConfig, shared by the CLI, the nodes and the app so that they cannot disagree.
+SamplerConfig, and the one run record, shared by the CLI, the nodes and the app so that they
+cannot disagree.
+
+One name per knob: every surface names a knob by its SamplerConfig field (the run record's keys,
+the node widgets, the app's fields; the CLI flag is the field with dashes, `flag()`); people read
+its LABELS entry ("CFG scale").
 
 UI conventions handled here once: a value left empty (None or "") takes the loaded model's own
 default; top-k 0 and top-p 1 mean "off"; the window may be "auto"; whole numbers may arrive as
-floats (2.0) but a fraction (2.5) in a whole-number field is refused, never rounded; seed -1 (or
-empty) asks for a random seed, which is returned so that the run can be reproduced.
+floats (2.0) but a fraction (2.5) in a whole-number field is refused, never rounded. The seed's
+meaning is sampling/seeds.py's (-1 or empty: a random seed, drawn by generate_image).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
-import random
-from typing import TYPE_CHECKING, List, Optional, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Union
 
 from .config import ConfigError, SamplerConfig
+from .sampling.seeds import check_seed
 
 if TYPE_CHECKING:  # no torch import here: the CLI validates its arguments before loading torch
     from .models.image_model import FamilyDefaults
 
-# Random seeds are drawn below 2^32 so that they are easy to read, type and store in JSON.
-RANDOM_SEED_RANGE = 2**32
-SEED_MAX = 2**64 - 1  # ComfyUI's seed widget range; larger seeds are refused by name
+# What people read for each knob (stats text, app labels, messages); keys, widgets and flags are
+# the field names themselves.
+LABELS: Dict[str, str] = {
+    "method": "method",
+    "window": "window L",
+    "tree_depth": "tree depth D",
+    "tree_width": "tree width K",
+    "tree_every_pass": "tree on every pass",
+    "tree_first_width": "tree first width",
+    "tree_side_chain": "tree side chain",
+    "tree_chain_width": "tree chain width",
+    "node_budget": "node budget",
+    "adaptive_continuation": "adaptive continuation",
+    "proactive_drafting": "proactive drafting",
+    "verify": "verify",
+    "init_proposal": "initial proposal",
+    "cfg_scale": "CFG scale",
+    "temperature": "temperature",
+    "top_k": "top-k",
+    "top_p": "top-p",
+    "compile": "compile",
+}
+
+
+def flag(field: str) -> str:
+    """The command-line flag of a SamplerConfig field: tree_side_chain -> --tree-side-chain."""
+    return "--" + field.replace("_", "-")
 
 
 def _empty(value: object) -> bool:
@@ -61,21 +91,26 @@ def window_value(value: object) -> Union[int, str]:
     """The window L: a whole number or 'auto'."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
-    return whole_number(value, "window (L)", "32, 64 or 'auto'")
+    return whole_number(value, LABELS["window"], "32, 64 or 'auto'")
 
 
-def resolve_seed(value: object = None) -> int:
-    """The seed to run with: a given whole number as it is; -1 or empty -> a fresh random seed."""
+def node_budget_value(value: object) -> Union[None, int, str]:
+    """The node budget B: nodes per pass, 'auto', or 0 (None: no budget, the window and tree knobs)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    label = LABELS["node_budget"]
+    budget = whole_number(value, label, "128 nodes per pass, 'auto', or 0 (off)")
+    if budget < 0:  # SamplerConfig's own message speaks of None, which no UI can enter
+        raise ConfigError(f"{label} must be 0 (off), 'auto' or a number of nodes, got {budget}; try 128.")
+    return None if budget == 0 else budget
+
+
+def seed_value(value: object) -> Optional[int]:
+    """A seed as a UI enters it (text, a whole float) -> None (a random seed) or the seed, checked
+    by sampling/seeds.py's rule; nothing is drawn here."""
     if _empty(value):
-        return random.randrange(RANDOM_SEED_RANGE)
-    seed = whole_number(value, "seed", "0, or -1 for a random seed")
-    if seed == -1:
-        return random.randrange(RANDOM_SEED_RANGE)
-    if seed < 0 or seed > SEED_MAX:
-        raise ConfigError(
-            f"seed must be between 0 and 2^64-1 (or -1 for a random one), got {seed}; try 0."
-        )
-    return seed
+        return None
+    return check_seed(whole_number(value, "seed", "0, or -1 for a random seed"))
 
 
 def config_from_settings(
@@ -111,43 +146,44 @@ def config_from_settings(
     if not _empty(window):
         values["window"] = window_value(window)
     if not _empty(tree_depth):
-        values["tree_depth"] = whole_number(tree_depth, "tree depth (D)", "3")
+        values["tree_depth"] = whole_number(tree_depth, LABELS["tree_depth"], "3")
     if not _empty(tree_width):
-        values["tree_width"] = whole_number(tree_width, "tree width (K)", "4")
+        values["tree_width"] = whole_number(tree_width, LABELS["tree_width"], "4")
     if not _empty(tree_first_width):  # 0: K at every level
-        first = whole_number(tree_first_width, "tree first-level width", "8 (0 = K at every level)")
+        label = LABELS["tree_first_width"]
+        first = whole_number(tree_first_width, label, "8 (0 = K at every level)")
         if first < 0:  # SamplerConfig's own message speaks of None, which no UI can enter
-            raise ConfigError(f"tree first-level width must be 0 (K at every level) or more, got {first}; try 8.")
+            raise ConfigError(f"{label} must be 0 (K at every level) or more, got {first}; try 8.")
         values["tree_first_width"] = None if first == 0 else first
     if not _empty(tree_side_chain):
-        values["tree_side_chain"] = whole_number(tree_side_chain, "side chain length", "16 (0 = off, the default)")
+        values["tree_side_chain"] = whole_number(tree_side_chain, LABELS["tree_side_chain"],
+                                                 "16 (0 = off, the default)")
     if not _empty(tree_chain_width):
-        values["tree_chain_width"] = whole_number(tree_chain_width, "chain width", "3 (1 = off, the default)")
-    if not _empty(node_budget):  # 0: no budget (the window and tree knobs)
-        if isinstance(node_budget, str) and node_budget.strip().lower() == "auto":
-            values["node_budget"] = "auto"
-        else:
-            budget = whole_number(node_budget, "node budget", "128 nodes per pass, 'auto', or 0 (off)")
-            if budget < 0:
-                raise ConfigError(f"node budget must be 0 (off), 'auto' or a number of nodes, got {budget}; try 128.")
-            values["node_budget"] = None if budget == 0 else budget
+        values["tree_chain_width"] = whole_number(tree_chain_width, LABELS["tree_chain_width"],
+                                                  "3 (1 = off, the default)")
+    if not _empty(node_budget):
+        values["node_budget"] = node_budget_value(node_budget)
     if not _empty(cfg_scale):
-        values["cfg_scale"] = real_number(cfg_scale, "CFG scale", "2 (1 = off)")
+        values["cfg_scale"] = real_number(cfg_scale, LABELS["cfg_scale"], "2 (1 = off)")
     if not _empty(temperature):
-        values["temperature"] = real_number(temperature, "temperature", "1.0")
+        values["temperature"] = real_number(temperature, LABELS["temperature"], "1.0")
     if not _empty(top_k):
-        k = whole_number(top_k, "top-k", "0 (off)")
+        k = whole_number(top_k, LABELS["top_k"], "0 (off)")
         if k < 0:  # SamplerConfig's own message speaks of None, which no UI can enter
             raise ConfigError(f"top_k must be 0 (off) or more, got {k}; try 0.")
         values["top_k"] = None if k == 0 else k
     if not _empty(top_p):
-        p = real_number(top_p, "top-p", "1.0 (off)")
+        p = real_number(top_p, LABELS["top_p"], "1.0 (off)")
         if p <= 0:
             raise ConfigError(f"top_p must be above 0 (1 = off), got {p:g}; try 0.9, or 1 to turn it off.")
         values["top_p"] = None if p >= 1.0 else p
     if not _empty(compile):
         values["compile"] = switch(compile, "compile")
     return base.with_(**values)
+
+
+# The settings a front end passes to config_from_settings, by name (CLI arguments, widgets).
+SETTINGS = tuple(inspect.signature(config_from_settings).parameters)[1:]
 
 
 def switch(value: object, name: str) -> bool:
@@ -182,25 +218,35 @@ def pointless_setting_warnings(config: SamplerConfig) -> List[str]:
 
 
 def settings_line(config: SamplerConfig, threads: Optional[int] = None) -> str:
-    """The settings a run used, for summary lines: method, L, D, K, CFG, temperature, verify, threads."""
-    parts = [f"method {config.method}"]
+    """The settings a run used, for summary lines (CLI, SJD Stats, the app), in LABELS' words:
+    'method sjd_pac, window L 32, tree depth D 3, tree width K 4, CFG scale 2, temperature 0.8,
+    verify gumbel, 1 CPU thread'."""
+    def part(field: str, value: object) -> str:
+        return f"{LABELS[field]} {value:g}" if isinstance(value, float) else f"{LABELS[field]} {value}"
+
+    parts = [part("method", config.method)]
     if config.method != "ar":
-        parts.append(f"L {config.window}")
+        parts.append(part("window", config.window))
     if config.node_budget is not None:
-        parts.append(f"node budget {config.node_budget}")
+        parts.append(part("node_budget", config.node_budget))
     elif config.use_pd:
-        parts.append(f"D {config.tree_depth}, K {config.tree_width}")
+        parts += [part("tree_depth", config.tree_depth), part("tree_width", config.tree_width)]
+        if config.tree_first_width is not None and config.tree_depth > 1:
+            parts.append(part("tree_first_width", config.tree_first_width))
+        if config.tree_side_chain:
+            parts.append(part("tree_side_chain", config.tree_side_chain))
+        if config.tree_chain_width > 1:
+            parts.append(part("tree_chain_width", config.tree_chain_width))
     elif config.method == "sjd_pac":
-        parts.append("no PD tree")
+        parts.append(f"no {LABELS['proactive_drafting']}")
     if config.method == "sjd_pac" and not config.adaptive_continuation:
-        parts.append("no AC")
-    parts.append(f"CFG {config.cfg_scale:g}")
-    parts.append(f"temperature {config.temperature:g}")
+        parts.append(f"no {LABELS['adaptive_continuation']}")
+    parts += [part("cfg_scale", config.cfg_scale), part("temperature", config.temperature)]
     if config.top_k is not None:
-        parts.append(f"top-k {config.top_k}")
+        parts.append(part("top_k", config.top_k))
     if config.top_p is not None:
-        parts.append(f"top-p {config.top_p:g}")
-    parts.append(f"verify {config.verify}")
+        parts.append(part("top_p", config.top_p))
+    parts.append(part("verify", config.verify))
     if config.compile:
         parts.append("compiled")
     if threads is not None:
@@ -208,13 +254,24 @@ def settings_line(config: SamplerConfig, threads: Optional[int] = None) -> str:
     return ", ".join(parts)
 
 
-def run_record(config: SamplerConfig, *, prompt: str, seed: int, negative_prompt: str = "",
-               resolution: Optional[str] = None, model: str = "", family: str = "",
-               batch_size: int = 1) -> dict:
-    """Everything needed to reproduce a run, as plain JSON (saved in PNG metadata by the CLI and nodes)."""
+RECORD_PNG_KEY = "sjd_pac"  # the PNG text chunk that holds a run record (CLI, nodes, app)
+
+
+def run_record(config: SamplerConfig, *, prompt: str, seed: Optional[int], random_seed: bool = False,
+               negative_prompt: str = "", resolution: Optional[str] = None, model: str = "",
+               family: str = "", batch_size: int = 1, device: str = "", threads: Optional[int] = None) -> dict:
+    """Everything needed to reproduce a run, as plain JSON: the one record the CLI, the nodes and
+    the app save (in PNG metadata) and show. Knobs are keyed by their SamplerConfig field names,
+    every field included; `seed` is the seed used (None only while a random one is not drawn
+    yet), `random_seed` whether it was drawn; `threads` the CPU threads (None off the CPU)."""
     knobs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}  # every knob, new ones too
-    knobs["cfg"] = knobs.pop("cfg_scale")
     return {
-        "model": model, "family": family, "prompt": prompt, "negative_prompt": negative_prompt,
-        "resolution": resolution, "seed": int(seed), "batch_size": int(batch_size), **knobs,
+        "model": model, "family": family, "device": device, "threads": threads, "prompt": prompt,
+        "negative_prompt": negative_prompt, "resolution": resolution, "seed": None if seed is None else int(seed),
+        "random_seed": bool(random_seed), "batch_size": int(batch_size), **knobs,
     }
+
+
+def record_config(record: dict) -> SamplerConfig:
+    """The SamplerConfig a run record describes (run_record's inverse for its knobs)."""
+    return SamplerConfig(**{f.name: record[f.name] for f in dataclasses.fields(SamplerConfig)})

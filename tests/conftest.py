@@ -32,7 +32,7 @@ def smoke_demo_folder(tmp_path_factory) -> Path:
     """A demo-format checkpoint from a few steps of the real training script (its CI smoke run)."""
     out = tmp_path_factory.mktemp("demo_smoke")
     subprocess.run(
-        [sys.executable, "-m", "sjd_pac_core.demo.train", "--smoke", "--out", str(out), "--no-progress"],
+        [sys.executable, "-m", "sjd_pac_core.demo.tools.train", "--smoke", "--out", str(out), "--no-progress"],
         check=True, cwd=REPO, capture_output=True,
     )
     return out
@@ -47,3 +47,17 @@ def tiny_lumina_sizes():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lumina_mgpt, "LUMINA_SIZES", (96, 64))
         yield
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Fail the test if any family starts reading model weights (the LLM's or the Chameleon VQGAN's):
+    a refusal must come first."""
+    from sjd_pac_core.models import emu3, janus, lumina_mgpt
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("weights were loaded before the input was checked")
+
+    for module in (lumina_mgpt, emu3, janus):
+        monkeypatch.setattr(module, "load_pretrained", forbidden)
+    monkeypatch.setattr(lumina_mgpt, "load_chameleon_vqgan", forbidden)

@@ -9,6 +9,7 @@ import socket
 import statistics
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -20,10 +21,11 @@ from sjd_pac_app import runner
 from sjd_pac_app.runner import JobRegistry, ModelManager, run_settings, stream_generation
 
 pytest.importorskip("gradio")
-from sjd_pac_app.app import SjdPacApp, launch_kwargs  # noqa: E402
+from sjd_pac_app.app import SjdPacApp  # noqa: E402
+from sjd_pac_app.layout import launch_kwargs  # noqa: E402
 
 DEMO_READY = (Path(sp.__file__).resolve().parent / "demo" / "weights" / "config.json").is_file()
-PROMPT = "a red circle on a blue background"
+PROMPT = "a red circle top left on a blue background"
 # Argument order of SjdPacApp.generate / compare (and of the /generate, /compare endpoints).
 ARG_NAMES = ("model_choice", "model_path", "prompt", "negative_prompt", "resolution", "seed", "method",
              "verify", "cfg_scale", "temperature", "top_k", "top_p", "window", "tree_depth", "tree_width")
@@ -120,8 +122,8 @@ def test_settings_map_to_a_validated_config():
     # empty fields take the model's defaults (as the page's fields show them)
     assert settings_for(cfg_scale=None, window="").config.cfg_scale == 2.0
     assert settings_for(window="").config.window == 32
-    for bad, needle in [(dict(window=0), "window (L)"), (dict(window=2.5), "window (L) must be a whole number"),
-                        (dict(window="2.5"), "window (L) must be a whole number"),
+    for bad, needle in [(dict(window=0), "window (L)"), (dict(window=2.5), "window L must be a whole number"),
+                        (dict(window="2.5"), "window L must be a whole number"),
                         (dict(seed=2.5), "seed must be a whole number"), (dict(seed=10**30), "seed must be between"),
                         (dict(seed=-7), "seed must be between"), (dict(top_p=0.0), "top_p"),
                         (dict(temperature=0.0), "temperature"),
@@ -129,29 +131,29 @@ def test_settings_map_to_a_validated_config():
                         (dict(prompt="red " * 2100), "shorten it")]:
         with pytest.raises(sp.ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
             settings_for(**bad)
-    # -1 (or empty) asks for a random seed, which is reported
-    drawn = settings_for(seed=-1)
-    assert drawn.seed_was_random and 0 <= drawn.seed < 2**32
-    assert settings_for(seed=2**64 - 1).seed == 2**64 - 1 and not settings_for(seed=3.0).seed_was_random
+    # -1 (or empty) asks for a random seed: passed on as None, generate_image draws it
+    assert settings_for(seed=-1).seed is None and settings_for(seed=" -1 ").seed is None
+    assert settings_for(seed="").seed is None
+    assert settings_for(seed=2**64 - 1).seed == 2**64 - 1 and settings_for(seed=3.0).seed == 3
     assert settings_for(seed="18446744073709551615").seed == 2**64 - 1  # the page's seed field is text
-    assert settings_for(seed=" -1 ").seed_was_random
-    assert runner.pointless_setting_warnings(settings_for(window=1).config)[0].startswith("L = 1")
-    assert runner.pointless_setting_warnings(settings_for(window=1, method="ar").config) == []
 
 
-def test_saved_picture_is_large_named_and_reproducible(tmp_path):
+def test_saved_picture_is_large_named_and_reproducible(tmp_path, app_model):
     from PIL import Image
 
-    record = settings_for(seed=42, method="sjd_pac").record("demo", threads=1)
+    from sjd_pac_core.settings import RECORD_PNG_KEY, run_record
+
+    _, model = app_model
+    record = settings_for(seed=42, method="sjd_pac").record(model, 42)
     path = runner.save_image(Image.new("RGB", (64, 64), (200, 30, 30)), record, tmp_path)
-    assert path.name == "a-red-circle-on-a-blue-background_seed-42_sjd_pac.png"
+    assert path.name == "a-red-circle-top-left-on-a-blue-background_seed-42_sjd_pac.png"
     with Image.open(path) as image:
         assert image.size == (512, 512)
-        saved = json.loads(image.text["sjd-pac"])
+        saved = json.loads(image.text[RECORD_PNG_KEY])
     assert saved == json.loads(json.dumps(record))
-    for knob in ("prompt", "seed", "method", "verify", "window", "tree_depth", "tree_width", "cfg_scale",
-                 "temperature", "top_k", "top_p", "threads"):
-        assert knob in saved
+    # the one record the CLI and the nodes write too: the same keys, every knob among them
+    assert set(saved) == set(run_record(sp.SamplerConfig(), prompt="", seed=0))
+    assert saved["seed"] == 42 and saved["threads"] == 1 and saved["method"] == "sjd_pac"
     assert runner.image_file_name("", 1, "ar") == "unconditional_seed-1_ar.png"
     assert runner.image_file_name("A/B: c?" * 20, 2, "ar").count("/") == 0
 
@@ -192,9 +194,8 @@ def test_charts_cover_short_long_and_empty_runs():
 
     for lengths in ([], [1], [1] * 2357, [1, 5, 64, 3] * 900, [1, 300, 2]):
         chart = plots.tokens_per_pass_chart(lengths, "sjd_pac")
-        hist = plots.histogram_chart(plots.stats_histogram(lengths), "ar")
+        hist = plots.histogram_chart(dict(Counter(lengths)), "ar")
         assert chart.size == plots.CHART_SIZE and hist.size == plots.HIST_SIZE
-    assert plots.stats_histogram([1, 3, 1]) == {1: 2, 3: 1}
     big = plots.upscale_for_display(plots.placeholder_image(768))
     small = plots.upscale_for_display(plots.placeholder_image(64))
     assert big.size == (512, 512) and small.size == (512, 512)
@@ -250,7 +251,7 @@ def test_generate_streams_updates_and_matches_the_sampler(app, app_model):
     # frame carries its own picture with its numbers (never numbers beside an older image).
     assert len(summaries) - 1 >= runner.FRAME_MILESTONES - 1
     assert all(hasattr(o[1], "size") for o in outputs)
-    assert summaries[-1]["settings"]["threads"] == 1 and "CPU, 1 thread" in outputs[-1][5]
+    assert summaries[-1]["settings"]["threads"] == 1 and "1 CPU thread" in outputs[-1][5]
     passes = [s["forward_passes"] for s in summaries]
     assert passes == sorted(passes)  # the stream only moves forward
 
@@ -264,8 +265,12 @@ def test_generate_streams_updates_and_matches_the_sampler(app, app_model):
 
     tabs, image, download, pass_chart, hist_chart, stats_html, message, _ = outputs[-1]
     assert min(image.size) >= 512  # the 64x64 picture, upscaled (nearest) for display
-    assert Path(download).name == f"a-red-circle-on-a-blue-background_seed-0_sjd_pac.png"
+    assert Path(download).name == f"a-red-circle-top-left-on-a-blue-background_seed-0_sjd_pac.png"
     assert final["settings"]["seed"] == 0 and final["settings"]["prompt"] == PROMPT
+    from sjd_pac_core.settings import run_record
+
+    assert set(final["settings"]) == set(run_record(sp.SamplerConfig(), prompt="", seed=0))  # the one record
+    assert final["settings"]["cfg_scale"] == model.defaults.cfg_scale and final["settings"]["random_seed"] is False
     assert pass_chart.size[0] >= 400 and hist_chart.size[0] >= 400
     assert 'data-status="finished"' in stats_html and f'data-passes="{expected.forward_passes}"' in stats_html
     assert "⚠" not in message
@@ -305,13 +310,17 @@ def test_stop_button_then_next_run_works(app, app_model):
 def test_bad_inputs_show_a_readable_message_and_the_app_keeps_working(app, app_model, tmp_path, monkeypatch):
     spec, model = app_model
     missing = tmp_path / "no_such_model"
-    out = list(app.generate(*args_for(spec, model, model_path=str(missing))))[-1]
+    # Each failure is also a toast (gr.Warning, a UserWarning when no page is attached).
+    with pytest.warns(UserWarning, match="does not exist"):
+        out = list(app.generate(*args_for(spec, model, model_path=str(missing))))[-1]
     assert out[-1]["status"] == "failed" and "does not exist" in out[6] and "⚠" in out[6]
 
-    out = list(app.generate(*args_for(spec, model, window=0)))[-1]
+    with pytest.warns(UserWarning, match="window"):
+        out = list(app.generate(*args_for(spec, model, window=0)))[-1]
     assert out[-1]["status"] == "failed" and "window (L) must be an integer >= 1" in out[-1]["error"]
 
-    out = list(app.generate(*args_for(spec, model, resolution="4096x4096")))[-1]
+    with pytest.warns(UserWarning, match="resolution"):
+        out = list(app.generate(*args_for(spec, model, resolution="4096x4096")))[-1]
     assert "does not support resolution" in out[-1]["error"]
 
     # Out of memory in the middle of a run: reported, and the next run is unaffected.
@@ -321,11 +330,13 @@ def test_bad_inputs_show_a_readable_message_and_the_app_keeps_working(app, app_m
         return real(model_, prompt, config, callback=_raise_oom_after(callback), **kwargs)
 
     monkeypatch.setattr(runner.sp, "generate_image", oom_after_one_pass)
-    out = list(app.generate(*args_for(spec, model)))[-1]
+    with pytest.warns(UserWarning, match="Out of memory"):
+        out = list(app.generate(*args_for(spec, model)))[-1]
     assert out[-1]["status"] == "failed" and out[-1]["error"].startswith("Out of memory")
     monkeypatch.undo()
 
-    loaded = app.select_model(spec, str(missing))
+    with pytest.warns(UserWarning, match="does not exist"):
+        loaded = app.select_model(spec, str(missing))
     assert "does not exist" in loaded[-1] and app.manager.model is model  # still the old model
 
     assert list(app.generate(*args_for(spec, model)))[-1][-1]["status"] == "finished"
@@ -431,7 +442,7 @@ def test_random_seeds_give_different_pictures(app, app_model):
     spec, model = app_model
     runs = [list(app.generate(*args_for(spec, model, seed=-1, method="sjd")))[-1] for _ in range(2)]
     seeds = [run[-1]["settings"]["seed"] for run in runs]
-    assert all(run[-1]["settings"]["seed_was_random"] for run in runs) and seeds[0] != seeds[1]
+    assert all(run[-1]["settings"]["random_seed"] for run in runs) and seeds[0] != seeds[1]
     assert runs[0][1].tobytes() != runs[1][1].tobytes()
     for run, seed in zip(runs, seeds):
         assert f"Seed {seed} (random)" in run[5] and f"seed-{seed}" in Path(run[2]).name
@@ -468,7 +479,7 @@ def test_served_app_streams_stops_and_survives_errors(served_app, app_model):
     bad = client.predict(*args_for(spec, model, model_path="/nonexistent/model"), api_name="/generate")
     assert bad[-1]["status"] == "failed" and "does not exist" in bad[-1]["error"]
     bad = client.predict(*args_for(spec, model, window="2.5"), api_name="/generate")
-    assert "window (L) must be a whole number" in bad[-1]["error"]
+    assert "window L must be a whole number" in bad[-1]["error"]
     bad = client.predict(*args_for(spec, model, tree_depth=8, tree_width=4), api_name="/generate")
     assert "with K = 4 use D <= 4" in bad[-1]["error"]
     # 8 + 16 + 32 + 64 + 128 = 248 nodes (first level 8, then K = 2): inside the budget

@@ -93,7 +93,7 @@ def test_budget_error_is_immediate_and_a_queued_run_stopped_never_starts(served_
         page.keyboard.press("Enter")
         page.click("#generate-btn")
         page.wait_for_selector("#message .error-line", timeout=5_000)
-        assert "window (L) must be a whole number" in page.inner_text("#message")
+        assert "window L must be a whole number" in page.inner_text("#message")
         assert busy.locator(running).count() == 1 and status(page) == "idle"
         page.fill("#window input", "auto")
         page.keyboard.press("Enter")
@@ -139,18 +139,18 @@ def test_two_runs_with_random_seeds_give_two_pictures_to_keep(served_app, browse
             assert wait_status(page, "finished") == "finished"
             line = page.inner_text("#run-stats .run-line")
             seed = int(line.split("Seed ", 1)[1].split(" ", 1)[0])
-            assert "(random)" in line and "CPU, 1 thread" in line
+            assert "(random)" in line and "1 CPU thread" in line
             link = page.locator("#download-file a").first
             page.wait_for_function(
                 f"() => [...document.querySelectorAll('#download-file a')].some(a => a.href.includes('seed-{seed}_'))",
                 timeout=15_000)
             href = [h for h in page.eval_on_selector_all("#download-file a", "els => els.map(a => a.href)")
                     if f"seed-{seed}_" in h][0]
-            assert link is not None and "a-red-circle-on-a-blue-background_seed-" in href
+            assert link is not None and "a-red-circle-top-left-on-a-blue-background_seed-" in href
             body = page.request.get(href).body()
             with Image.open(io.BytesIO(body)) as image:
                 assert max(image.size) >= 512
-                record = json.loads(image.text["sjd-pac"])
+                record = json.loads(image.text["sjd_pac"])
                 pictures.append(image.convert("RGB").tobytes())
             assert record["seed"] == seed and record["prompt"] == PROMPT
             assert {"method", "verify", "window", "tree_depth", "tree_width", "cfg_scale", "temperature"} <= set(record)

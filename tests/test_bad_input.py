@@ -122,9 +122,9 @@ def test_corrupt_demo_weights_name_the_file_and_the_rebuild_command(tmp_path, mo
         sp.load_model("demo")
     message = str(err.value)
     assert "vq.safetensors is truncated" in message
-    assert "python -m sjd_pac_core.demo.train" in message
+    assert "python -m sjd_pac_core.demo.tools.train" in message
     _one_sentence(message)
     (copy / "model.safetensors").unlink()
     (copy / "vq.safetensors").write_bytes(data)
-    with pytest.raises(sp.ModelLoadError, match="python -m sjd_pac_core.demo.train"):
+    with pytest.raises(sp.ModelLoadError, match="python -m sjd_pac_core.demo.tools.train"):
         sp.load_model("demo")

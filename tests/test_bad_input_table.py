@@ -114,6 +114,8 @@ REFUSED = [
     ("seed float", dict(seed=1.5), "seed must be an integer or None"),
     ("seed str", dict(seed="3"), "seed must be an integer or None"),
     ("seed bool", dict(seed=True), "seed must be an integer or None"),
+    ("seed negative", dict(seed=-2), "seed must be between 0 and 2^64-1, or -1 for a random one"),
+    ("seed past 64 bits", dict(seed=2**64), "seed must be between 0 and 2^64-1"),
     # callback
     ("callback not callable", dict(callback=3), "callback must be a function"),
     ("callback two arguments", dict(callback=lambda progress, extra: None), "cannot be called with one argument"),
@@ -185,8 +187,7 @@ def _mask(dtype, ids=tuple(ALLOWED)) -> torch.Tensor:
 ACCEPTED = [
     ("num_tokens numpy int", dict(num_tokens=np.int64(N)), dict()),
     ("seed numpy int", dict(seed=np.int64(3)), dict(seed=3)),
-    ("seed 2**64 + 3 is seed 3", dict(seed=2**64 + 3), dict(seed=3)),
-    ("seed -1 is seed 2**64 - 1", dict(seed=-1), dict(seed=2**64 - 1)),
+    ("seed numpy uint64 at the top", dict(seed=np.uint64(2**64 - 1)), dict(seed=2**64 - 1)),
     ("config dict", dict(config={"window": 4, "tree_depth": 2}), dict(config=sp.SamplerConfig(window=4, tree_depth=2))),
     ("config numpy values", dict(config=sp.SamplerConfig(window=np.int64(4), temperature=np.float32(0.5))),
      dict(config=sp.SamplerConfig(window=4, temperature=0.5))),
@@ -230,19 +231,21 @@ def test_accepted_inputs_give_the_canonical_result(lm, overrides, canonical, ver
 
 
 def test_the_seed_domain_is_the_same_under_both_rules(lm):
+    """0 .. 2**64-1 are seeds under both rules (the top one too), and different seeds sample differently."""
     for verify in ("rejection", "gumbel"):
         config = sp.SamplerConfig(verify=verify, **BASE)
-        zero = sample(lm, config=config, seed=0).tokens
-        assert torch.equal(sample(lm, config=config, seed=2**64).tokens, zero)  # mod 2**64, documented
+        top = sample(lm, config=config, seed=2**64 - 1, num_tokens=40)
+        assert top.seed == 2**64 - 1
         assert not torch.equal(sample(lm, config=config, seed=1, num_tokens=40).tokens,
                                sample(lm, config=config, seed=0, num_tokens=40).tokens)
 
 
+@pytest.mark.parametrize("random_seed", [None, -1])
 @pytest.mark.parametrize("verify", ["rejection", "gumbel"])
-def test_seed_none_draws_a_seed_and_reports_it(lm, verify):
+def test_seed_none_draws_a_seed_and_reports_it(lm, verify, random_seed):
     config = sp.SamplerConfig(verify=verify, **BASE)
-    first = sample(lm, config=config, seed=None, num_tokens=40)
-    assert isinstance(first.seed, int) and 0 <= first.seed < 2**64
+    first = sample(lm, config=config, seed=random_seed, num_tokens=40)
+    assert isinstance(first.seed, int) and 0 <= first.seed < 2**32
     again = sample(lm, config=config, seed=first.seed, num_tokens=40)
     assert torch.equal(first.tokens, again.tokens)
     other = sample(lm, config=config, seed=None, num_tokens=40)
@@ -471,7 +474,7 @@ def test_demo_weights_with_a_missing_or_nan_weight_name_the_rebuild(tmp_path):
         sp.load_model(copy, device="cpu")
     message = str(err.value)
     assert "model.safetensors lacks the weight model.layers.0.self_attn.q_proj.weight" in message
-    assert "python -m sjd_pac_core.demo.train" in message
+    assert "python -m sjd_pac_core.demo.tools.train" in message
     one_sentence(message)
 
     shutil.copy(loader.DEMO_FOLDER / "model.safetensors", copy / "model.safetensors")

@@ -14,17 +14,10 @@ import torch
 from PIL import Image
 
 from sjd_pac_core.bench import lossless as L
-from sjd_pac_core.bench.cli import parse_seeds
-from sjd_pac_core.bench.runner import (
-    DEFAULT_METHODS,
-    PROMPT_DIR,
-    MethodSpec,
-    load_prompts,
-    parse_method,
-    parse_methods,
-)
+from sjd_pac_core.bench.methods import DEFAULT_METHODS, MethodSpec, parse_method, parse_methods, parse_seeds
+from sjd_pac_core.bench.runner import PROMPT_DIR, load_prompts
 from sjd_pac_core.cli import main
-from sjd_pac_core.demo import data as D
+from sjd_pac_core.demo import captions
 from sjd_pac_core.models.loader import DEMO_FOLDER
 
 
@@ -117,10 +110,10 @@ def test_prompt_files():
     demo, general = load_prompts("demo"), load_prompts("general")
     assert len(demo) >= 50 and len(general) >= 50
     assert len(set(demo)) == len(demo) and len(set(general)) == len(general)
-    known = set(D.CAPTION_WORDS)
+    known = set(captions.CAPTION_WORDS)
     for prompt in demo:
         assert set(prompt.lower().replace(",", " ").split()) <= known, prompt
-        D.parse_caption(prompt)  # in the demo grammar
+        captions.parse_caption(prompt)  # in the demo grammar
     vocab_file = DEMO_FOLDER / "vocab.json"
     if vocab_file.is_file():  # the shipped vocabulary knows every word
         words = set(json.loads(vocab_file.read_text())["words"])
@@ -146,8 +139,9 @@ def test_method_grammar():
     assert parse_method("ar").config(base).method == "ar"
     assert parse_method("sjd@16").config(base).method == "sjd"
     base = base.with_(tree_side_chain=16)
-    no_side = parse_method("sjd-pac@32:noside:gumbel")
-    assert no_side.key == "sjd-pac@32:gumbel:noside" and no_side.config(base).tree_side_chain == 0
+    no_side = parse_method("sjd-pac@32:s0:gumbel")
+    assert no_side.key == "sjd-pac@32:gumbel:s0" and no_side.config(base).tree_side_chain == 0
+    assert no_side.label == "SJD-PAC L=32, gumbel, side chain=0"
     assert parse_method(no_side.key) == no_side
     shaped = parse_method("sjd-pac@32:f0:d2:k6")
     assert shaped.key == "sjd-pac@32:d2:k6:f0" and parse_method(shaped.key) == shaped
@@ -155,7 +149,7 @@ def test_method_grammar():
     c = shaped.config(SamplerConfig(tree_first_width=8))
     assert (c.tree_depth, c.tree_width, c.tree_first_width) == (2, 6, None)
     assert parse_method("sjd-pac@32:f8").config(SamplerConfig()).tree_first_width == 8
-    for bad in ("fast@3", "sjd", "ar@4", "sjd@0", "sjd@x", "sjd@4:noside:noside", "sjd@32:d2",
+    for bad in ("fast@3", "sjd", "ar@4", "sjd@0", "sjd@x", "sjd-pac@4:s0:s0", "sjd@4:s0", "sjd@32:d2",
                 "sjd-pac@32:d2:d3", "sjd-pac@32:x2"):
         with pytest.raises(ValueError):
             parse_method(bad)
@@ -201,7 +195,7 @@ def test_permutation_test_is_calibrated_and_sees_a_shift():
 
 def test_method_modifiers_presets_and_rule_grid():
     from sjd_pac_core import SamplerConfig
-    from sjd_pac_core.bench.runner import BASELINE_METHODS, rule_grid, with_rules
+    from sjd_pac_core.bench.methods import BASELINE_METHODS, rule_grid, with_rules
 
     spec = parse_method("sjd-pac@64:gumbel:compile")
     assert (spec.variant, spec.window, spec.verify, spec.compiled) == ("sjd-pac", 64, "gumbel", True)
@@ -228,7 +222,7 @@ def test_method_modifiers_presets_and_rule_grid():
 
 
 def _record(method, prompt, latency, forward=0.5):
-    from sjd_pac_core.bench.runner import RunRecord
+    from sjd_pac_core.bench.summary import RunRecord
 
     return RunRecord(method=method, prompt_index=prompt, seed=0, order=0, tokens=10, forward_passes=10,
                      step_compression=1.0, latency_s=latency, sampler_s=latency * 0.9, forward_s=forward,
@@ -236,7 +230,8 @@ def _record(method, prompt, latency, forward=0.5):
 
 
 def test_speedups_are_against_the_fastest_ar_row():
-    from sjd_pac_core.bench.runner import fastest_ar, markdown_table, summarise
+    from sjd_pac_core.bench.report import markdown_table
+    from sjd_pac_core.bench.summary import fastest_ar, summarise
 
     runs = []
     for p, (ar, comp, gen, pac) in enumerate([(4.0, 2.0, 3.0, 1.0), (4.0, 2.2, 3.0, 1.1), (4.0, 1.8, 3.0, 0.9)]):
@@ -346,11 +341,16 @@ def test_gpu_script_runs_tiny_on_cpu(tmp_path):
         assert all(r["passes"] >= 1 for r in shape["overhead"])
     assert set(data["demo"]["summary"]) == {"ar", "generate"}
     assert "t(L)/t(1)" in (out / "gpu_bench.md").read_text()
+    from sjd_pac_core.models.quantize import available_precisions
+
+    rows = data["quantized"]["rows"]  # the quantized rows: every precision this machine can load
+    assert [r["precision"] for r in rows] == list(available_precisions(torch.device("cpu")))
+    assert all(r["sjd_pac_equals_ar"] for r in rows)
 
 
 def test_bench_settings_go_through_the_one_conversion():
     """The bench's shared settings mean what they mean for `sjd-pac generate`: top-k 0 and top-p 1
-    are off, --tree-first-width 0 is K at every level, --side-chain counts (it was ignored)."""
+    are off, --tree-first-width 0 is K at every level, --tree-side-chain counts (it was ignored)."""
     import sjd_pac_core as sp
     from sjd_pac_core.bench.cli import _base_config
     from sjd_pac_core.cli import build_parser
@@ -360,8 +360,8 @@ def test_bench_settings_go_through_the_one_conversion():
         argv = ["bench", *argv]
         return build_parser(argv).parse_args(argv)
 
-    args = parse("--top-k", "0", "--top-p", "1", "--tree-first-width", "0", "--side-chain", "4", "-D", "3",
-                 "-K", "2", "--cfg", "1.5")
+    args = parse("--top-k", "0", "--top-p", "1", "--tree-first-width", "0", "--tree-side-chain", "4", "-D", "3",
+                 "-K", "2", "--cfg-scale", "1.5")
     config = _base_config(model, args)
     assert (config.top_k, config.top_p, config.tree_first_width, config.tree_side_chain) == (None, None, None, 4)
     assert (config.tree_depth, config.tree_width, config.cfg_scale) == (3, 2, 1.5)

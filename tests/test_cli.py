@@ -61,6 +61,7 @@ def blocked_file(tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (["--window", "0"], ["window (L)", "32, 64 or 'auto'"]),
+    (["--window", "2.5"], ["window L", "32, 64 or 'auto'"]),
     (["--window", "2000"], ["1024"]),
     (["-D", "8", "-K", "4"], ["D <= 4", "K^(D-1)"]),
     (["-o", "{tmp}"], ["is a folder", "out.png"]),
@@ -103,26 +104,47 @@ def test_generate_summary_names_the_settings_and_threads(tmp_path, capsys):
     from PIL import Image
 
     from sjd_pac_core.cli import main
+    from sjd_pac_core.config import SamplerConfig
+    from sjd_pac_core.settings import run_record
 
     out = tmp_path / "red.png"
-    rc = main(["generate", "a red circle on a blue background.", "-o", str(out), "--quiet", "--seed", "1",
+    rc = main(["generate", "a red circle top left on a blue background.", "-o", str(out), "--quiet", "--seed", "1",
                "--upscale", "8", "--upscale-filter", "lanczos"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "does not know" not in captured.err  # the trailing full stop is not part of a word
+    assert "Loading weights" not in captured.err and "%|" not in captured.err  # --quiet: no bar at all
     settings = next(line for line in captured.out.splitlines() if line.startswith("settings:"))
     from sjd_pac_core.models.demo import DemoImageModel
 
     demo = DemoImageModel.defaults  # the settings line names the demo's own defaults
-    for part in ("method sjd_pac", f"L {demo.window}", f"D {demo.tree_depth}, K {demo.tree_width}", "CFG 2", "temperature 0.8", "verify gumbel",
-                 "1 CPU thread", "seed 1"):
+    for part in ("method sjd_pac", f"window L {demo.window}", f"tree depth D {demo.tree_depth}, tree width K "
+                 f"{demo.tree_width}", "CFG scale 2", "temperature 0.8", "verify gumbel", "1 CPU thread", "seed 1"):
         assert part in settings, settings
     assert "tokens per forward pass" in captured.out
     saved = Image.open(out)
     assert saved.size == (512, 512)
     record = json.loads(saved.info["sjd_pac"])  # the run can be reproduced from the file alone
-    assert record["prompt"] == "a red circle on a blue background." and record["seed"] == 1
-    assert record["method"] == "sjd_pac" and record["cfg"] == 2.0 and record["window"] == demo.window
+    assert record["prompt"] == "a red circle top left on a blue background." and record["seed"] == 1
+    assert set(record) == set(run_record(SamplerConfig(), prompt="", seed=0))  # the one record, as nodes and app
+    assert record["method"] == "sjd_pac" and record["cfg_scale"] == 2.0 and record["window"] == demo.window
+
+
+def test_the_loading_bar_shows_without_quiet(capsys):
+    """Control for --quiet: transformers' loading bar does reach the captured stderr."""
+    import sjd_pac_core as sp
+
+    sp.load_model("demo")
+    assert "Loading weights" in capsys.readouterr().err
+
+
+def test_an_unknown_demo_word_is_refused_before_torch(tmp_path):
+    """The demo's vocabulary is read from its vocab.json: no torch, no weights; every size is named."""
+    proc = run_cli("generate", "a huge red circle", "-o", str(tmp_path / "out.png"))
+    message = " ".join(error_lines(proc))
+    assert proc.returncode == 2 and "huge" in message and "small, medium, large" in message, proc.stderr[-2000:]
+    assert not set(HEAVY) & imported(proc), "the prompt was checked after importing torch"
+    assert not list(tmp_path.iterdir())
 
 
 def test_pointless_window_is_warned(capsys, tmp_path):
@@ -135,11 +157,11 @@ def test_pointless_window_is_warned(capsys, tmp_path):
     assert not pointless_setting_warnings(SamplerConfig(method="ar", window=1))
     assert pointless_setting_warnings(SamplerConfig(adaptive_continuation=False, proactive_drafting=False))
     line = settings_line(SamplerConfig(method="ar", cfg_scale=2.0), threads=1)
-    assert line.startswith("method ar, CFG 2") and "D " not in line and "1 CPU thread" in line
+    assert line.startswith("method ar, CFG scale 2") and "tree depth" not in line and "1 CPU thread" in line
 
 
 def test_trailing_punctuation_is_not_part_of_a_word():
-    from sjd_pac_core.demo.vocab import caption_words
+    from sjd_pac_core.demo.captions import caption_words
 
     assert caption_words("A red circle, on a blue background.") == ["a", "red", "circle", "on", "a", "blue",
                                                                      "background"]

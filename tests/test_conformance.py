@@ -96,8 +96,11 @@ def test_both_lumina_layouts_load_to_the_same_network(models):
     for a, b in zip(ours.model.model.layers, hf.model.model.layers):
         for name in ("q_norm", "k_norm"):
             wa, wb = getattr(a.self_attn, name), getattr(b.self_attn, name)
-            assert wa.weight.shape == (2, 16)
-            assert torch.equal(wa.weight, wb.weight) and torch.equal(wa.bias, wb.bias)
+            # Lumina's layout keeps its one row (it broadcasts over the heads in the layer norm);
+            # transformers' layout stores it once per head: the same numbers.
+            assert wa.weight.shape == (1, 16) and wb.weight.shape == (2, 16)
+            assert torch.equal(wa.weight.expand_as(wb.weight), wb.weight)
+            assert torch.equal(wa.bias.expand_as(wb.bias), wb.bias)
     ids = ours.encode_prompt(PROMPT).prompt_ids[None]
     with torch.no_grad():
         assert torch.equal(ours.model.model(input_ids=ids).last_hidden_state,
@@ -268,11 +271,26 @@ def test_lumina_vqgan_pixels_match_metas_code(models):
 
 
 # --- Emu3 and Janus-Pro against transformers' generate -------------------------------------------
-def _emu3_reference(model, resolution: str, cfg: float):
+_TRANSFORMERS_MODELS: Dict[Path, object] = {}
+
+
+def transformers_model(folder: Path):
+    """transformers' own model of the folder, loaded as its docs load it: whole (our loader drops
+    and splits what sampling never uses), so the reference shares none of our loading."""
+    from transformers import Emu3ForConditionalGeneration, JanusForConditionalGeneration
+
+    if folder not in _TRANSFORMERS_MODELS:
+        model_type = json.loads((folder / "config.json").read_text())["model_type"]
+        cls = {"emu3": Emu3ForConditionalGeneration, "janus": JanusForConditionalGeneration}[model_type]
+        _TRANSFORMERS_MODELS[folder] = cls.from_pretrained(folder, dtype=torch.float32).eval()
+    return _TRANSFORMERS_MODELS[folder]
+
+
+def _emu3_reference(model, folder: Path, resolution: str, cfg: float):
     """transformers' Emu3 image generation as its docs write it: the processor with
     return_for_image_generation, a negative prompt ending in the image prefix, the
     prefix_allowed_tokens_fn layout constraint, greedy."""
-    processor, hf = model.processor, model.model
+    processor, hf = model.processor, transformers_model(folder)
     size = model.sizes[resolution]
     kw = dict(return_for_image_generation=True, ratio=size.ratio, image_area=model.image_area, return_tensors="pt")
     inputs = processor(text=[PROMPT], **kw)
@@ -304,9 +322,9 @@ def _emu3_reference(model, resolution: str, cfg: float):
     return tokens, images
 
 
-def _janus_reference(model, cfg: float):
+def _janus_reference(model, folder: Path, cfg: float):
     """transformers' Janus image generation as its docs write it (batched CFG inside generate)."""
-    processor, hf = model.processor, model.model
+    processor, hf = model.processor, transformers_model(folder)
     messages = [{"role": "user", "content": [{"type": "text", "text": PROMPT}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
     inputs = processor(text=text, generation_mode="image", return_tensors="pt")
@@ -322,13 +340,13 @@ def _janus_reference(model, cfg: float):
 @pytest.mark.parametrize("family,resolution,cfg", [
     ("emu3", "48x48", 3.0), ("emu3", "56x40", 3.0), ("emu3", "48x48", 1.0), ("janus", "96x96", 5.0),
 ])
-def test_tokens_and_pixels_match_transformers_generate(models, family, resolution, cfg):
+def test_tokens_and_pixels_match_transformers_generate(models, folders, family, resolution, cfg):
     model = models[family]
     if family == "emu3":
-        ref_tokens, ref_images = _emu3_reference(model, resolution, cfg)
+        ref_tokens, ref_images = _emu3_reference(model, folders[family], resolution, cfg)
         to_model_ids = model.token_space
     else:
-        ref_tokens, ref_images = _janus_reference(model, cfg)
+        ref_tokens, ref_images = _janus_reference(model, folders[family], cfg)
         to_model_ids = torch.arange(model.num_codes)
     for method, kw in (("ar", {}), ("sjd_pac", {"window": 8, "tree_width": 1})):
         result = sample(model, method, resolution, cfg=cfg, **kw)
@@ -362,7 +380,7 @@ def test_emu3_hub_layout_loads_and_matches_transformers_generate(emu3_hub):
     assert type(model.processor.tokenizer).__name__ == "GPT2Tokenizer"
     assert not (folder / "processor_config.json").exists() and (folder / "preprocessor_config.json").is_file()
     assert model.defaults.resolutions == ("48x48", "56x40", "40x56", "64x32", "32x64")
-    ref_tokens, ref_images = _emu3_reference(model, "56x40", 3.0)
+    ref_tokens, ref_images = _emu3_reference(model, folder, "56x40", 3.0)
     for method, kw in (("ar", {}), ("sjd_pac", {"window": 8, "tree_width": 1})):
         result = sample(model, method, "56x40", cfg=3.0, **kw)
         assert torch.equal(model.token_space[result.tokens], ref_tokens), method
@@ -489,8 +507,9 @@ def test_float32_draws_without_replacement_are_plackett_luce(float32_everywhere)
     rest = q.masked_fill(exclude, 0.0)
     rest = rest / rest.sum()
     gen = torch.Generator().manual_seed(5)
-    excluded_ids = exclude.nonzero().flatten()
-    pairs = np.stack([verify.sample_without_replacement(q, 2, excluded_ids, gen).numpy() for _ in range(20000)])
+    # The sampler's draw: the row's first token (here the excluded one), then two more from q without it.
+    firsts = exclude.nonzero().flatten().expand(20000)
+    pairs = verify.sample_without_replacement_rows(q.expand(20000, -1), firsts, 3, gen)[:, 1:].numpy()
     v = q.shape[0]
     counts = np.bincount(pairs[:, 0] * v + pairs[:, 1], minlength=v * v)
     r = rest.double().numpy()

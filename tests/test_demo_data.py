@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from sjd_pac_core.demo import data as D
+from sjd_pac_core.demo import captions as C
+from sjd_pac_core.demo.tools import data as D
 
-PALETTE = np.array([D.COLORS[c] for c in D.COLOR_NAMES], dtype=np.float64)
+PALETTE = np.array([C.COLORS[c] for c in C.COLOR_NAMES], dtype=np.float64)
 
 
 def nearest_color(pixels: np.ndarray) -> np.ndarray:
@@ -50,12 +51,12 @@ def test_texture_changes_only_the_background_clouds():
 
 
 def test_captions_parse_and_use_known_words():
-    words = set(D.CAPTION_WORDS)
+    words = set(C.CAPTION_WORDS)
     n_two = 0
     for i in range(60):
         s = D.make_sample(0, i)
         assert set(s.caption.split()) <= words, s.caption
-        objs, bg = D.parse_caption(s.caption)
+        objs, bg = C.parse_caption(s.caption)
         assert bg == s.background
         assert [(o["color"], o["shape"], o["size"], o["position"]) for o in objs] == [
             (o.color, o.shape, o.size, o.position) for o in s.objects
@@ -68,23 +69,23 @@ def test_background_colour_matches_pixels():
     for i in range(40):
         s = D.make_sample(1, i)
         border = np.concatenate([s.image[0], s.image[-1], s.image[:, 0], s.image[:, -1]])
-        votes = np.bincount(nearest_color(border), minlength=len(D.COLOR_NAMES))
-        assert D.COLOR_NAMES[int(votes.argmax())] == s.background, s.caption
+        votes = np.bincount(nearest_color(border), minlength=len(C.COLOR_NAMES))
+        assert C.COLOR_NAMES[int(votes.argmax())] == s.background, s.caption
 
 
 def test_object_colour_and_position_match_pixels():
     checked = 0
     for i in range(60):
         s = D.make_sample(2, i)
-        objs, bg = D.parse_caption(s.caption)
+        objs, bg = C.parse_caption(s.caption)
         if len({o["color"] for o in objs}) != len(objs):
             continue  # two objects of one colour: the pixel test below cannot tell them apart
         cls = nearest_color(s.image)
         ys, xs = np.mgrid[0:64, 0:64]
         for o in objs:
-            sel = cls == D.COLOR_NAMES.index(o["color"])
+            sel = cls == C.COLOR_NAMES.index(o["color"])
             # a few background pixels may drift to the object's colour class; keep the big blob
-            px, py = D.POSITIONS[o["position"]]
+            px, py = C.POSITIONS[o["position"]]
             near = sel & (np.abs(xs + 0.5 - px) <= 14) & (np.abs(ys + 0.5 - py) <= 14)
             assert near.sum() >= 20, (s.caption, o, near.sum())
             cx, cy = xs[near].mean() + 0.5, ys[near].mean() + 0.5
@@ -92,7 +93,7 @@ def test_object_colour_and_position_match_pixels():
             assert abs(cx - px) <= 6 and abs(cy - py) <= 6, (s.caption, o, cx, cy)
             # and the object's pixels are mostly its named colour
             inside = s.masks[[ob.position for ob in s.objects].index(o["position"])] > 0.95
-            frac = (cls[inside] == D.COLOR_NAMES.index(o["color"])).mean()
+            frac = (cls[inside] == C.COLOR_NAMES.index(o["color"])).mean()
             assert frac > 0.4, (s.caption, o, frac)  # outlines and shading take the rest
             checked += 1
     assert checked >= 45
@@ -123,22 +124,22 @@ def test_heldout_split_disjoint():
         assert any((o.color, o.shape) in D.HELD_OUT_PAIRS for o in s.objects)
     assert not (held_caps & train_caps)
     # the held-out pairs are rare combinations, not missing words: every colour and shape is trained
-    assert {c for c, _ in train_pairs} == set(D.COLOR_NAMES)
-    assert {s for _, s in train_pairs} == set(D.SHAPES)
+    assert {c for c, _ in train_pairs} == set(C.COLOR_NAMES)
+    assert {s for _, s in train_pairs} == set(C.SHAPES)
 
 
 def test_objects_contrast_with_background():
     for i in range(50):
         s = D.make_sample(7, i)
         for o in s.objects:
-            assert D.color_distance(o.color, s.background) >= D.MIN_CONTRAST
+            assert C.color_distance(o.color, s.background) >= C.MIN_CONTRAST
 
 
 def test_bad_split_and_caption_raise():
     with pytest.raises(ValueError):
         D.make_sample(0, 0, "test")
     with pytest.raises(ValueError):
-        D.parse_caption("a purple elephant on the moon")
+        C.parse_caption("a purple elephant on the moon")
 
 
 def test_caption_regions_cover_the_objects():
@@ -179,9 +180,9 @@ def test_objects_are_flat_and_sizes_in_their_ranges():
             lo, hi = D.SIZE_RADIUS[o.size]
             assert lo <= o.radius <= hi
             inside = s.image[m > 0.99].astype(np.float64)
-            dist = np.linalg.norm(inside - np.array(D.COLORS[o.color]), axis=1)
+            dist = np.linalg.norm(inside - np.array(C.COLORS[o.color]), axis=1)
             assert np.percentile(dist, 95) < 40, (s.caption, o, np.percentile(dist, 95))
-            assert (nearest_color(s.image[m > 0.99]) == D.COLOR_NAMES.index(o.color)).mean() > 0.95
+            assert (nearest_color(s.image[m > 0.99]) == C.COLOR_NAMES.index(o.color)).mean() > 0.95
 
 
 def test_token_layout_marks_the_tokens_each_object_covers():
@@ -203,14 +204,14 @@ def test_token_layout_marks_the_tokens_each_object_covers():
 
 
 def test_layout_labels_align_with_the_image_labels():
-    """The auxiliary layout targets of `demo.train --layout-weight` sit exactly on the image tokens
+    """The auxiliary layout targets of `demo.tools.train --layout-weight` sit exactly on the image tokens
     of `make_batch` (row ends, <eoi>, the prompt and dropped captions are ignored)."""
     import torch
 
-    from sjd_pac_core.demo import train as T
+    from sjd_pac_core.demo.tools import train as T
     from sjd_pac_core.demo.vocab import SLOT_WORDS, DemoVocab
 
-    vocab = DemoVocab(words=list(D.CAPTION_WORDS) + SLOT_WORDS, codebook_size=16, grid=16, prompt_format="slots")
+    vocab = DemoVocab(words=list(C.CAPTION_WORDS) + SLOT_WORDS, codebook_size=16, grid=16, prompt_format="slots")
     layouts = np.zeros((2, 16, 16), np.int8)
     layouts[0, 3, 5] = 1
     layouts[1, 15, 15] = 2
@@ -230,11 +231,11 @@ def test_layout_labels_align_with_the_image_labels():
 
 def test_sub_token_layout_is_the_outline_inside_each_token():
     """`token_layout(cells=2)` marks 2 px sub-patches (the shape inside a token, no colour), and
-    `demo.train`'s layout sequences put each token's sub-patches on that token in raster order,
+    `demo.tools.train`'s layout sequences put each token's sub-patches on that token in raster order,
     with row ends and <eoi> ignored; one cell per token is the plain layout."""
     import torch
 
-    from sjd_pac_core.demo import train as T
+    from sjd_pac_core.demo.tools import train as T
     from sjd_pac_core.demo.vocab import SLOT_WORDS, DemoVocab
 
     s = D.make_sample(0, 3)
@@ -242,7 +243,7 @@ def test_sub_token_layout_is_the_outline_inside_each_token():
     assert fine.shape == (32, 32)
     cover = np.stack(s.masks).max(0).reshape(32, 2, 32, 2).mean(axis=(1, 3))
     assert ((cover > 0.5) <= (fine > 0)).all() and not (fine > 0)[cover < 0.5].any()
-    vocab = DemoVocab(words=list(D.CAPTION_WORDS) + SLOT_WORDS, codebook_size=16, grid=16, prompt_format="slots")
+    vocab = DemoVocab(words=list(C.CAPTION_WORDS) + SLOT_WORDS, codebook_size=16, grid=16, prompt_format="slots")
     seq = T.layout_sequences(vocab, fine[None], cells=2)
     assert seq.shape == (1, vocab.num_image_tokens + 1, 4)
     for r, c in [(0, 0), (7, 9), (15, 15)]:

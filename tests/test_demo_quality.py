@@ -1,4 +1,4 @@
-"""The demo model's strict quality check (sjd_pac_core/demo/quality.py): it passes ground truth,
+"""The demo model's strict quality check (sjd_pac_core/demo/tools/quality.py): it passes ground truth,
 fails wrong images, and the shipped model's measured pass rates are a regression floor."""
 
 from functools import lru_cache
@@ -6,8 +6,9 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from sjd_pac_core.demo import data as D
-from sjd_pac_core.demo import quality as Q
+from sjd_pac_core.demo import captions as C
+from sjd_pac_core.demo.tools import data as D
+from sjd_pac_core.demo.tools import quality as Q
 
 
 # Seed-0 floors of the shipped model at its defaults, one or two images under what was measured
@@ -46,8 +47,8 @@ def test_checker_fails_wrong_images(kind):
 
 
 def _caption(objs, bg):
-    specs = [D.ObjectSpec(o["shape"], o["color"], o["size"], o["position"], (0.0, 0.0), 0.0) for o in objs]
-    return D.make_caption(specs, bg)
+    specs = [C.ObjectSpec(o["shape"], o["color"], o["size"], o["position"], (0.0, 0.0), 0.0) for o in objs]
+    return C.make_caption(specs, bg)
 
 
 def test_checker_rejects_wrong_captions():
@@ -56,11 +57,11 @@ def test_checker_rejects_wrong_captions():
     colour can form a region only rarely."""
     n = bg_pass = obj_pass = 0
     for i, s in enumerate(_samples("train")[:100]):
-        objs, bg = D.parse_caption(s.caption)
+        objs, bg = C.parse_caption(s.caption)
         used = {o["color"] for o in objs} | {bg}
-        alt_bg = [c for c in D.COLOR_NAMES if c != bg and all(D.color_distance(o["color"], c) >= D.MIN_CONTRAST for o in objs)]
+        alt_bg = [c for c in C.COLOR_NAMES if c != bg and all(C.color_distance(o["color"], c) >= C.MIN_CONTRAST for o in objs)]
         bg_pass += Q.check_image(_caption(objs, alt_bg[i % len(alt_bg)]), s.image).background
-        alt = [c for c in D.COLOR_NAMES if c not in used and D.color_distance(c, bg) >= D.MIN_CONTRAST]
+        alt = [c for c in C.COLOR_NAMES if c not in used and C.color_distance(c, bg) >= C.MIN_CONTRAST]
         wrong = [dict(o) for o in objs]
         wrong[0]["color"] = alt[i % len(alt)]
         obj_pass += Q.check_image(_caption(wrong, bg), s.image).all
@@ -71,7 +72,7 @@ def test_checker_rejects_wrong_captions():
 
 def test_shape_templates_recognise_every_shape():
     """A clean template of each shape, at each size, is recognised as itself."""
-    for shape in D.SHAPES:
+    for shape in C.SHAPES:
         for r in (7.0, 10.0, 13.5):
             region = D.shape_mask(shape, 30.3, 33.1, r) >= 0.5
             scores = Q.shape_scores(region)
@@ -82,9 +83,9 @@ def test_quality_prompts_are_held_out():
     prompts = Q.load_prompts()
     assert len(prompts) == 24
     for p in prompts:
-        objs, bg = D.parse_caption(p)
+        objs, bg = C.parse_caption(p)
         assert any((o["color"], o["shape"]) in D.HELD_OUT_PAIRS for o in objs), p
-        assert all(D.color_distance(o["color"], bg) >= D.MIN_CONTRAST for o in objs), p
+        assert all(C.color_distance(o["color"], bg) >= C.MIN_CONTRAST for o in objs), p
 
 
 def test_trained_pair_prompts_mirror_the_held_out_ones():
@@ -93,13 +94,13 @@ def test_trained_pair_prompts_mirror_the_held_out_ones():
     trained = Q.load_prompts(Q.PROMPTS_FILE.with_name("quality_prompts_trained_pairs.txt"))
     assert len(trained) == len(held_out)
     for h, t in zip(held_out, trained):
-        (h_objs, h_bg), (t_objs, t_bg) = D.parse_caption(h), D.parse_caption(t)
+        (h_objs, h_bg), (t_objs, t_bg) = C.parse_caption(h), C.parse_caption(t)
         assert t_bg == h_bg and len(t_objs) == len(h_objs), (h, t)
         for ho, to in zip(h_objs, t_objs):
             assert (to["color"], to["shape"]) not in D.HELD_OUT_PAIRS, t
             assert {k: v for k, v in to.items() if k != "color"} == {k: v for k, v in ho.items() if k != "color"}
             assert to["color"] == ho["color"] or (ho["color"], ho["shape"]) in D.HELD_OUT_PAIRS, (h, t)
-            assert D.color_distance(to["color"], t_bg) >= D.MIN_CONTRAST, t
+            assert C.color_distance(to["color"], t_bg) >= C.MIN_CONTRAST, t
 
 
 def test_check_image_shapes_and_types():
@@ -120,7 +121,7 @@ def test_check_image_shapes_and_types():
 
 def test_calibrate_cli_checks_the_texture_the_model_learned(capsys):
     """--calibrate judges the check on the shipped model's own (strong) backgrounds by default."""
-    from sjd_pac_core.demo.model import WEIGHTS_DIR
+    from sjd_pac_core.demo import WEIGHTS_DIR
 
     assert Q.trained_texture(WEIGHTS_DIR) == "strong"
     Q.main(["--calibrate", "--n", "3"])

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from sjd_pac_core.demo import data as D
-from sjd_pac_core.demo.model import WEIGHTS_DIR
-from sjd_pac_core.demo.vocab import (BOI, BOS, EOL, PAD, SLOT_NAMES, SLOT_WORDS, SPECIALS, DemoVocab, PromptError,
-                                     parse_prompt, slot_caption)
-from sjd_pac_core.demo.vq import VQConfig, VQModel, to_input
+from sjd_pac_core.demo import WEIGHTS_DIR
+from sjd_pac_core.demo import captions as C
+from sjd_pac_core.demo.captions import SLOT_NAMES, PromptError, parse_prompt
+from sjd_pac_core.demo.tools import data as D
+from sjd_pac_core.demo.vocab import BOI, BOS, EOL, PAD, SLOT_WORDS, SPECIALS, DemoVocab
+from sjd_pac_core.demo.vq import VQConfig, VQModel
 
 HAVE_WEIGHTS = os.path.exists(os.path.join(WEIGHTS_DIR, "vq.safetensors"))
 needs_weights = pytest.mark.skipif(not HAVE_WEIGHTS, reason="demo weights not built")
@@ -75,7 +76,7 @@ def test_shipped_vocab_layout(vocab, vq):
     assert vocab.row_token_offset == len(SPECIALS) + len(vocab.words)
     assert vocab.image_offset == vocab.row_token_offset + (vocab.grid if vocab.row_tokens else 0)
     assert vocab.vocab_size == vocab.image_offset + vocab.codebook_size
-    assert set(D.CAPTION_WORDS) <= set(vocab.words)
+    assert set(C.CAPTION_WORDS) <= set(vocab.words)
     p = vocab.prompt_ids("a red circle top left on a blue background")
     if vocab.prompt_format == "slots":  # <bos>, the structured caption's 11 slots, <boi>
         assert p[0] == BOS and p[-1] == BOI and len(p) == len(SLOT_NAMES) + 2 == vocab.prompt_length
@@ -102,7 +103,7 @@ def test_row_tokens_name_each_row_and_round_trip(tmp_path):
     """`row_tokens`: row r ends in its own forced token <eol r>, between the words and the codes;
     the layout round-trips, a wrong row end is refused, and the setting survives vocab.json
     (a vocab.json written before the option loads as the shared <eol>)."""
-    words = list(D.CAPTION_WORDS)
+    words = list(C.CAPTION_WORDS)
     shared, rows = DemoVocab(words=words), DemoVocab(words=words, row_tokens=True)
     assert rows.image_offset == shared.image_offset + 16 and rows.vocab_size == shared.vocab_size + 16
     assert torch.equal(shared.row_end_ids(), torch.full((16,), EOL))
@@ -135,7 +136,7 @@ def test_image_layout_refuses_row_ends_that_do_not_match_the_rows():
 
 
 def test_smoke_training_output_loads(smoke_demo_folder):
-    """`python -m sjd_pac_core.demo.train --smoke` writes a complete, loadable demo folder."""
+    """`python -m sjd_pac_core.demo.tools.train --smoke` writes a complete, loadable demo folder."""
     from sjd_pac_core.demo.model import load_demo
 
     for name in ("config.json", "model.safetensors", "vocab.json", "vq.safetensors", "vq_config.json",
@@ -154,14 +155,14 @@ def test_smoke_training_output_loads(smoke_demo_folder):
 
 
 def test_smoke_training_with_the_layout_loss_writes_a_plain_model(tmp_path):
-    """`demo.train --layout-weight` trains its auxiliary head alongside the LM and saves only the
+    """`demo.tools.train --layout-weight` trains its auxiliary head alongside the LM and saves only the
     LM: the folder loads as a demo model and its log names the weight."""
     import subprocess
     import sys
 
     from sjd_pac_core.demo.model import load_demo
 
-    subprocess.run([sys.executable, "-m", "sjd_pac_core.demo.train", "--smoke", "--layout-weight", "2", "--out",
+    subprocess.run([sys.executable, "-m", "sjd_pac_core.demo.tools.train", "--smoke", "--layout-weight", "2", "--out",
                     str(tmp_path), "--no-progress"], check=True, capture_output=True,
                    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     log = json.loads((tmp_path / "training_log.json").read_text())
@@ -174,7 +175,7 @@ def test_lm_stop_at_stops_inside_the_schedule(tmp_path):
     """`--lm-stop-at` (a checkpoint inside the schedule, as the 2,400-step weights of 2026-12-02
     were rebuilt): the LM stops at that step, the log says "stopped" and records the texture, and
     the folder loads; a step outside the schedule is refused."""
-    from sjd_pac_core.demo import train
+    from sjd_pac_core.demo.tools import train
     from sjd_pac_core.demo.model import load_demo
 
     train.main(["--smoke", "--lm-stop-at", "3", "--out", str(tmp_path), "--no-progress"])
@@ -190,7 +191,7 @@ def test_object_loss_weights_layout_and_weighted_loss():
     """Loss weights follow the image sequence (16 rows of 16 codes + <eol>, then <eoi>): tokens
     in a caption region get 1 + object_weight, <eol>/<eoi> and the rest 1, a dropped caption
     uniform weights; the weighted loss with equal weights is the plain cross entropy."""
-    from sjd_pac_core.demo.train import make_batch, object_loss_weights, weighted_lm_loss
+    from sjd_pac_core.demo.tools.train import make_batch, object_loss_weights, weighted_lm_loss
 
     regions = np.zeros((2, 16, 16), np.float32)
     regions[0, 2, 5] = 1.0
@@ -199,7 +200,7 @@ def test_object_loss_weights_layout_and_weighted_loss():
     assert w[0, 2 * 17 + 5] == 4.0 and w[0].sum() == 273 + 3.0 and (w[1] == 1).all()
     assert (w[:, 16::17] == 1).all()
 
-    vocab = DemoVocab(words=list(D.CAPTION_WORDS))
+    vocab = DemoVocab(words=list(C.CAPTION_WORDS))
     prompts = [vocab.prompt_ids("a red circle top left on a blue background")] * 2
     img = torch.full((2, 273), vocab.image_offset, dtype=torch.long)
     _, labels, weights = make_batch(vocab, prompts, img, [0, 0], [False, True], w)
@@ -222,14 +223,14 @@ def test_object_loss_weights_layout_and_weighted_loss():
 @pytest.mark.parametrize("prompt_args, prompt_length", [([], 13), (["--prompt-slots", "20"], 22)],
                          ids=["slot-prompt", "word-slots"])
 def test_gpt2_option_trains_loads_and_is_seed_exact(tmp_path, prompt_args, prompt_length):
-    """`demo.train --arch gpt2` (learned absolute positions initialised to a 2D grid; measured,
+    """`demo.tools.train --arch gpt2` (learned absolute positions initialised to a 2D grid; measured,
     not shipped), over the structured prompt or 20 word slots: its smoke run loads through
     load_model, every prompt has the same length, and the engine drives it exactly (gumbel:
     SJD-PAC gives AR's tokens, CFG on)."""
     import torch
 
     import sjd_pac_core as sp
-    from sjd_pac_core.demo import train
+    from sjd_pac_core.demo.tools import train
 
     train.main(["--smoke", "--arch", "gpt2", *prompt_args, "--out", str(tmp_path), "--no-progress"])
     log = json.loads((tmp_path / "training_log.json").read_text())
@@ -249,7 +250,7 @@ def test_gpt2_option_trains_loads_and_is_seed_exact(tmp_path, prompt_args, promp
 
 
 def test_row_tokens_are_forced_and_seed_exact(smoke_demo_folder):
-    """Row tokens (`demo.train`'s default): the engine forces each row's own end token (AR, SJD,
+    """Row tokens (`demo.tools.train`'s default): the engine forces each row's own end token (AR, SJD,
     SJD-PAC under gumbel give identical tokens, CFG on) and the decoded image is the layout's grid."""
     import sjd_pac_core as sp
 
@@ -266,12 +267,20 @@ def test_row_tokens_are_forced_and_seed_exact(smoke_demo_folder):
 
 
 def _slot_vocab():
-    return DemoVocab(words=list(D.CAPTION_WORDS) + SLOT_WORDS, prompt_format="slots")
+    return DemoVocab(words=list(C.CAPTION_WORDS) + SLOT_WORDS, prompt_format="slots")
+
+
+def _slots_of(obj) -> dict:
+    """The slots a generated object fills: "top left" is (top, left), "top" is (top, center)."""
+    words = obj.position.split()
+    vertical = next((w for w in words if w in ("top", "bottom")), "center")
+    horizontal = next((w for w in words if w in ("left", "right")), "center")
+    return {"vertical": vertical, "horizontal": horizontal, "size": obj.size, "colour": obj.color, "shape": obj.shape}
 
 
 def test_slot_prompts_have_one_length_and_round_trip_every_caption(tmp_path):
-    """The structured prompt: every caption of the generator parses into the slots and back to
-    itself, every prompt has the same length (so image token (row, column) has one absolute
+    """The structured prompt: every caption of the generator parses into the slots of the objects
+    it was drawn from, every prompt has the same length (so image token (row, column) has one absolute
     position), and the format survives vocab.json."""
     vocab = _slot_vocab()
     lengths = set()
@@ -279,7 +288,8 @@ def test_slot_prompts_have_one_length_and_round_trip_every_caption(tmp_path):
         for i in range(150):
             s = D.make_sample(0, i, split)
             parsed = parse_prompt(s.caption)
-            assert slot_caption(parsed) == s.caption and not parsed.warnings
+            assert parsed.objects == tuple(_slots_of(o) for o in s.objects) and parsed.background == s.background
+            assert not parsed.warnings
             lengths.add(len(vocab.prompt_ids(s.caption)))
     assert lengths == {len(SLOT_NAMES) + 2} and len(vocab.uncond_prompt_ids()) == len(SLOT_NAMES) + 2
     two = vocab.prompt_ids("a small red star top left and a large blue circle bottom right on a white background")
@@ -290,9 +300,9 @@ def test_slot_prompts_have_one_length_and_round_trip_every_caption(tmp_path):
     assert again.prompt_format == "slots" and torch.equal(again.prompt_ids("a red ring right on a black background"),
                                                           vocab.prompt_ids("a red ring right on a black background"))
     with pytest.raises(ValueError, match="prompt_slots"):
-        DemoVocab(words=list(D.CAPTION_WORDS) + SLOT_WORDS, prompt_format="slots", prompt_slots=20)
+        DemoVocab(words=list(C.CAPTION_WORDS) + SLOT_WORDS, prompt_format="slots", prompt_slots=20)
     with pytest.raises(ValueError, match="medium"):
-        DemoVocab(words=list(D.CAPTION_WORDS), prompt_format="slots")
+        DemoVocab(words=list(C.CAPTION_WORDS), prompt_format="slots")
 
 
 @pytest.mark.parametrize("text, slots", [
@@ -328,10 +338,19 @@ def test_prompts_outside_the_grammar_name_the_fix(text, words):
     assert all(w in str(err.value) for w in words), str(err.value)
 
 
+def test_an_unknown_word_is_one_sentence_naming_every_size_shape_and_colour():
+    """The lists in the message come from the vocabulary itself: "medium" works, so it is listed."""
+    with pytest.raises(PromptError) as err:
+        parse_prompt("a huge red circle")
+    message = str(err.value)
+    assert message.count(". ") == 0 and message.endswith(".") and "huge" in message, message
+    assert all(word in message for word in [*C.SIZES, *C.SHAPES, *C.COLOR_NAMES]), message
+
+
 def test_vq_trains_on_crops_and_encodes_whole_images():
     """`train_vq(crop=32)`: the fully convolutional VQ trains on random 32 px crops on the token
     grid and still encodes and decodes whole 64 px images; a crop off the grid is refused."""
-    from sjd_pac_core.demo.vq import train_vq
+    from sjd_pac_core.demo.tools.vq_training import train_vq
 
     ims, _ = D.generate(8, seed=0)
     vq, losses = train_vq(ims, 3, batch_size=4, config=VQConfig(codebook_size=32), progress=False, crop=32)
@@ -346,7 +365,7 @@ def test_grid_position_init_codes_row_and_column():
     share the row half, in one column the column half, and every cell differs."""
     from transformers import GPT2LMHeadModel
 
-    from sjd_pac_core.demo.train import grid_position_table, init_grid_positions, lm_config
+    from sjd_pac_core.demo.tools.train import grid_position_table, init_grid_positions, lm_config
 
     vocab = _slot_vocab()
     table = grid_position_table(vocab, 64)

@@ -10,7 +10,8 @@ import torch
 import sjd_pac_core as sp
 from sjd_pac_core.config import MAX_TREE_NODES, max_tree_depth, tree_node_count
 from sjd_pac_core.models.image_model import FamilyDefaults
-from sjd_pac_core.settings import config_from_settings, resolve_seed, whole_number
+from sjd_pac_core.sampling import seeds
+from sjd_pac_core.settings import LABELS, config_from_settings, flag, seed_value, whole_number
 from sjd_pac_core.threads import threads_for, torch_threads
 
 DEMO_LIKE = FamilyDefaults(resolutions=("64x64",), sampler=dict(cfg_scale=2.0, temperature=0.8, window=32))
@@ -35,14 +36,23 @@ def test_compile_switch_reaches_the_config_from_every_front_end_spelling():
         assert config_from_settings(DEMO_LIKE, compile=off).compile is False
 
 
-@pytest.mark.parametrize("field, value, named", [
-    ("window", 2.5, "window (L)"), ("tree_depth", "x", "tree depth (D)"), ("cfg_scale", float("nan"), "CFG scale"),
-    ("temperature", float("inf"), "temperature"), ("top_k", 1.5, "top-k"), ("window", True, "window (L)"),
-    ("compile", "maybe", "compile"), ("compile", 2, "compile"),
+@pytest.mark.parametrize("field, value", [
+    ("window", 2.5), ("tree_depth", "x"), ("cfg_scale", float("nan")), ("temperature", float("inf")), ("top_k", 1.5),
+    ("window", True), ("compile", "maybe"), ("compile", 2), ("tree_side_chain", "long"), ("tree_chain_width", 1.5),
 ])
-def test_bad_settings_name_the_field(field, value, named):
-    with pytest.raises(sp.ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
+def test_bad_settings_name_the_field(field, value):
+    """A refused setting is named by its label, the one human name of the knob."""
+    with pytest.raises(sp.ConfigError, match=re.escape(LABELS[field])):
         config_from_settings(DEMO_LIKE, **{field: value})
+
+
+def test_every_knob_has_one_label_and_one_flag():
+    """The label table covers exactly SamplerConfig's fields; flags are the field names with dashes."""
+    import dataclasses
+
+    assert set(LABELS) == {f.name for f in dataclasses.fields(sp.SamplerConfig)}
+    assert len(set(LABELS.values())) == len(LABELS)
+    assert flag("tree_side_chain") == "--tree-side-chain" and flag("cfg_scale") == "--cfg-scale"
 
 
 # With the default first level of 8 candidates (then K): 8 + 8K + 8K^2 + ...
@@ -81,14 +91,31 @@ def test_a_huge_tree_is_refused_at_once_with_the_largest_depth():
         config_from_settings(DEMO_LIKE, tree_chain_width="wide")
 
 
-def test_seeds():
-    assert resolve_seed(7) == 7 and resolve_seed("7") == 7 and resolve_seed(3.0) == 3
-    assert resolve_seed(2**64 - 1) == 2**64 - 1 and whole_number(2**70, "x", "1") == 2**70
-    seeds = {resolve_seed(-1) for _ in range(8)}
-    assert len(seeds) > 1 and all(0 <= s < 2**32 for s in seeds)
+def test_one_meaning_of_every_seed_value():
+    """None and -1 draw a fresh seed (below 2^32, returned); 0..2^64-1 are themselves; anything
+    else is refused with one sentence (sampling/seeds.py, used by every front end)."""
+    assert seeds.resolve_seed(7) == 7 and seeds.resolve_seed(0) == 0 and seeds.resolve_seed(2**64 - 1) == 2**64 - 1
+    for random_value in (None, -1):
+        assert seeds.check_seed(random_value) is None
+        drawn = {seeds.resolve_seed(random_value) for _ in range(8)}
+        assert len(drawn) > 1 and all(0 <= s < 2**32 for s in drawn)
+    for bad in (-2, 2**64, 1.5, "3", True):
+        with pytest.raises(sp.ConfigError, match="seed") as err:
+            seeds.check_seed(bad)
+        assert str(err.value).count(". ") == 0 and str(err.value).endswith(".")
+    # a batch counts on from its seed, modulo 2^64: every seed in range starts a batch of any size
+    assert [seeds.image_seed(5, i) for i in range(3)] == [5, 6, 7]
+    assert seeds.image_seed(2**64 - 1, 1) == 0
+
+
+def test_ui_seed_values():
+    """The fields' text and whole floats are read as numbers; an empty field is a random seed."""
+    assert seed_value("7") == 7 and seed_value(3.0) == 3 and seed_value("18446744073709551615") == 2**64 - 1
+    assert seed_value("") is None and seed_value(None) is None and seed_value("-1") is None
+    assert whole_number(2**70, "x", "1") == 2**70
     for bad in (-2, 2**64, 1.5, "abc"):
         with pytest.raises(sp.ConfigError, match="seed"):
-            resolve_seed(bad)
+            seed_value(bad)
 
 
 def test_thread_rule_and_restore():
@@ -109,8 +136,8 @@ def test_run_record_carries_every_knob():
     from sjd_pac_core.settings import run_record
 
     record = run_record(sp.SamplerConfig(tree_first_width=6), prompt="a red circle", seed=5)
-    names = {f.name for f in dataclasses.fields(sp.SamplerConfig)} - {"cfg_scale"}
-    assert names <= set(record) and record["cfg"] == 1.0 and record["tree_first_width"] == 6
+    names = {f.name for f in dataclasses.fields(sp.SamplerConfig)}
+    assert names <= set(record) and record["cfg_scale"] == 1.0 and record["tree_first_width"] == 6
 
 
 def test_tree_first_width_setting_and_cli_flag():

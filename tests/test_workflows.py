@@ -130,7 +130,7 @@ def test_comparison_workflow_uses_one_seed_and_gumbel(pack):
     names = [w[0] for w in widgets]
     samplers = [dict(zip(names, n["widgets_values"])) for n in wf["nodes"] if n["type"] == "SJDPACSampler"]
     assert sorted(s["method"] for s in samplers) == ["ar", "sjd", "sjd_pac"]
-    for key in ("prompt", "seed", "cfg", "temperature", "top_k", "top_p", "resolution", "batch_size"):
+    for key in ("prompt", "seed", "cfg_scale", "temperature", "top_k", "top_p", "resolution", "batch_size"):
         assert len({s[key] for s in samplers}) == 1, key
     assert {s["verify"] for s in samplers} == {"gumbel"} and {s["seed_control"] for s in samplers} == {"fixed"}
     notes = " ".join(n["widgets_values"][0] for n in wf["nodes"] if n["type"] == "Note")
@@ -223,7 +223,7 @@ def test_seeds_randomize_except_in_the_comparison(path, pack):
 def test_knobs_take_the_model_defaults_and_decode_upscales(path, pack):
     wf = load(path)
     for s in (_widgets(n) for n in wf["nodes"] if n["type"] == "SJDPACSampler"):
-        for key in ("cfg", "temperature", "top_k", "top_p", "window", "tree_depth", "tree_width"):
+        for key in ("cfg_scale", "temperature", "top_k", "top_p", "window", "tree_depth", "tree_width"):
             assert s[key] == -1, (path.name, key)
     decoders = [_widgets(n) for n in wf["nodes"] if n["type"] == "DecodeARImageTokens"]
     want = 512 if MODEL_FOLDERS[path.name] == "demo" else 0  # the demo's 64 px becomes 512 px

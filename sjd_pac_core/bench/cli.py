@@ -26,41 +26,13 @@ import torch
 
 from ..settings import config_from_settings
 from .lossless import DEFAULT_CONTROL_TEMPERATURE
-from .runner import (
-    DEFAULT_METHODS,
-    PRESETS,
-    RULE_VARIANTS,
-    RULE_WINDOWS,
-    MethodSpec,
-    load_prompts,
-    parse_methods,
-    rule_grid,
-    with_rules,
-)
+from .methods import (DEFAULT_METHODS, PRESETS, RULE_VARIANTS, RULE_WINDOWS, MethodSpec, parse_methods,
+                      parse_seeds, rule_grid, with_budgets, with_rules)
+from .runner import load_prompts
 
 LOSSLESS_METHODS = "sjd-pac@64"
 LOSSLESS_PROMPTS = 2
 LOSSLESS_SEEDS = "0-119"
-
-
-def parse_seeds(text: str) -> List[int]:
-    """'0', '0,3,7', '0-9' or a mix: '0-4,10'."""
-    seeds: List[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, dash, hi = part.partition("-")
-        try:
-            if dash:
-                seeds.extend(range(int(lo), int(hi) + 1))
-            else:
-                seeds.append(int(part))
-        except ValueError:
-            raise ValueError(f"--seeds {text!r}: use integers, lists (0,1,2) or ranges (0-9).") from None
-    if not seeds:
-        raise ValueError("--seeds is empty.")
-    return seeds
 
 
 def _common_args(p: argparse.ArgumentParser) -> None:
@@ -76,8 +48,9 @@ def _common_args(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated grid or a preset ({', '.join(PRESETS)}, rules); default: paper = "
                         f"{DEFAULT_METHODS}. sjd+pd / sjd+ac are SJD-PAC with only one of its two parts; "
                         "generate / generate-static are transformers' generate with our recipe in a logits "
-                        "processor; ':gumbel' / ':rejection' fixes a row's rule, ':compile' compiles it, ':d2:k4:f8' sets "
-                        "a tree's depth, width and first-level width (f0: uniform), ':b128' a node budget per pass")
+                        "processor; ':gumbel' / ':rejection' fixes a row's rule, ':compile' compiles it, "
+                        "':d2:k4:f8:s16' sets a tree's depth, width, first-level width (f0: uniform) and side "
+                        "chain (s0: none), ':b128' a node budget per pass")
     p.add_argument("--rules", default=None,
                    help="run every method without its own rule under each of these (rejection,gumbel)")
     p.add_argument("--budgets", default=None,
@@ -148,6 +121,9 @@ def _grid_from_args(args, default: str) -> List[MethodSpec]:
 
 
 def _grid_before_compile(args, default: str) -> List[MethodSpec]:
+    if getattr(args, "node_budget", None) is not None:
+        raise ValueError("In bench a node budget is a row's own: write --budgets 32,64,128 (every sjd-pac row "
+                         "once per budget) or a method such as sjd-pac@64:b128, not --node-budget.")
     rules = _split(getattr(args, "rules", None))
     bad = sorted(set(rules) - {"rejection", "gumbel"})
     if bad:
@@ -161,36 +137,18 @@ def _grid_before_compile(args, default: str) -> List[MethodSpec]:
     return with_rules(specs, rules) if rules else specs
 
 
-def with_budgets(specs: List[MethodSpec], budgets: List[str]) -> List[MethodSpec]:
-    """The node-budget axis: every SJD-PAC row without its own budget, once per budget of
-    `budgets` (a number of nodes per pass, auto, or none: the row as it is)."""
-    if not budgets:
-        return specs
-    values: List[object] = []
-    for text in budgets:
-        if text not in ("none", "auto") and not (text.isdigit() and int(text) >= 1):
-            raise ValueError(f"--budgets {','.join(budgets)!r}: use whole numbers of nodes per pass, auto or none, "
-                             "comma-separated (e.g. none,32,64,128,256).")
-        values.append(None if text == "none" else text if text == "auto" else int(text))
-    out: List[MethodSpec] = []
-    for spec in specs:
-        if spec.variant != "sjd-pac" or spec.node_budget is not None:
-            out.append(spec)
-        else:
-            out.extend(replace(spec, node_budget=value) for value in values)
-    return out
-
-
 def _grid_single_or_list(args, default: str) -> List[MethodSpec]:
-    single = args.method is not None or args.window is not None or args.no_ac or args.no_pd
+    no_ac, no_pd = not args.adaptive_continuation, not args.proactive_drafting
+    single = args.method is not None or args.window is not None or no_ac or no_pd
     if args.methods and single:
-        raise ValueError("Give the grid either with --methods or with --method/--window/--no-ac/--no-pd, not both.")
+        raise ValueError("Give the grid either with --methods or with --method/--window/--no-adaptive-continuation/"
+                         "--no-proactive-drafting, not both.")
     if single:
         method = args.method or "sjd_pac"
         window = args.window if args.window is not None else 64
         variant = {"ar": "ar", "sjd": "sjd"}.get(method) or (
-            "sjd-pac" if not (args.no_ac or args.no_pd) else ("sjd+pd" if args.no_ac else "sjd+ac"))
-        if args.no_ac and args.no_pd and method == "sjd_pac":
+            "sjd-pac" if not (no_ac or no_pd) else ("sjd+pd" if no_ac else "sjd+ac"))
+        if no_ac and no_pd and method == "sjd_pac":
             variant = "sjd"
         specs = [MethodSpec("ar")]
         if variant != "ar":
@@ -201,16 +159,11 @@ def _grid_single_or_list(args, default: str) -> List[MethodSpec]:
 
 def _base_config(model, args):
     """The settings every benchmarked method shares, through the one conversion the CLI, nodes and
-    app use (top-k 0 and top-p 1 are off, --tree-first-width 0 is K at every level, --side-chain
-    counts, --chain-width too); each method then sets its own method, window, rule and tree shape."""
-    if getattr(args, "node_budget", None) not in (None, "0"):
-        raise ValueError("In bench a node budget is a row's own: write --budgets 32,64,128 (every sjd-pac row "
-                         "once per budget) or a method such as sjd-pac@64:b128, not --node-budget.")
-    return config_from_settings(
-        model.defaults, tree_depth=args.tree_depth, tree_width=args.tree_width,
-        tree_side_chain=args.side_chain, tree_first_width=args.tree_first_width, tree_chain_width=args.chain_width,
-        verify=args.verify, cfg_scale=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-    )
+    app use (top-k 0 and top-p 1 are off, --tree-first-width 0 is K at every level, --tree-side-chain
+    counts, --tree-chain-width too); each method then sets its own method, window, rule and tree shape."""
+    shared = ("tree_depth", "tree_width", "tree_side_chain", "tree_first_width", "tree_chain_width", "verify",
+              "cfg_scale", "temperature", "top_k", "top_p")
+    return config_from_settings(model.defaults, **{name: getattr(args, name) for name in shared})
 
 
 def _setup(args):
@@ -231,8 +184,9 @@ def _bench(args) -> int:
         return _lossless(args)
     if args.numerics:
         return _numerics(args)
-    from . import plots
-    from .runner import acceptance_histogram, measure_locality, run_bench, summarise, write_outputs
+    from .report import write_outputs
+    from .runner import run_bench
+    from .summary import summarise
 
     methods = _grid_from_args(args, DEFAULT_METHODS)
     model, prompt_set = _setup(args)
@@ -253,8 +207,7 @@ def _bench(args) -> int:
     extra = []
     paths = write_outputs(result, out)  # first, so a failing figure never loses a long run's numbers
     if not args.no_plots:
-        figures, locality = _bench_plots(result, summary, out, args, model, plots, acceptance_histogram,
-                                         measure_locality)
+        figures, locality = _bench_plots(result, summary, out, args, model)
         extra.append("figures: " + ", ".join(figures))
         paths = write_outputs(result, out, extra_md="\n".join(extra))
     if figures:  # the locality numbers also go into the JSON
@@ -275,10 +228,12 @@ def _pick(summary, variant: str, prefer: Optional[int] = None) -> Optional[str]:
     return max(keys, key=lambda k: summary[k]["step_compression"], default=None)
 
 
-def _bench_plots(result, summary, out: Path, args, model, plots, acceptance_histogram,
-                 measure_locality) -> Tuple[List[str], Optional[dict]]:
+def _bench_plots(result, summary, out: Path, args, model) -> Tuple[List[str], Optional[dict]]:
     """Write the figures; -> (their file names, the locality measurement or None)."""
-    from .runner import parse_method
+    from . import plots
+    from .locality import measure_locality
+    from .methods import parse_method
+    from .summary import acceptance_histogram
 
     written: List[str] = []
     locality = None
@@ -301,7 +256,7 @@ def _bench_plots(result, summary, out: Path, args, model, plots, acceptance_hist
             locality = loc
             written.append(plots.locality_curve(loc["tv"], out / "locality.png", row_length=loc["row_length"]).name)
         elif not args.quiet:
-            print("locality curve: only for the demo model (sjd_pac_core.demo.calibrate); skipped")
+            print("locality curve: only for the demo model (sjd_pac_core.demo.tools.calibrate); skipped")
     return written, locality
 
 

@@ -17,7 +17,11 @@ Three parts, written to gpu_bench.json and gpu_bench.md in --out:
    at the real context, per method, from its `PassRecord`s (wall time minus forward time).
    Random weights give near-uniform distributions, so the acceptance is not the real models';
    the per-pass cost is what this measures.
-3. **The demo rows** (`sjd-pac bench --methods baselines`: transformers' generate with dynamic /
+3. **Weight-only quantization** (bench/quantized.py) on the first shape: bf16, int8 and 4-bit
+   (torchao int8, bitsandbytes NF4 on CUDA) loaded through from_pretrained as load_model
+   quantizes them: weight bytes, memory after loading, AR and SJD-PAC time per token in
+   interleaved rounds, step compression, and whether SJD-PAC's tokens equal AR's.
+4. **The demo rows** (`sjd-pac bench --methods baselines`: transformers' generate with dynamic /
    static / static + compiled cache, our AR, SJD and SJD-PAC eager and compiled) on the device.
 4. **Node budgets** (`--budgets`, default 32,64,128,256 nodes per pass): a pass of 1 + B nodes
    (two rows each with CFG) against a one-token pass, timed as in part 1, and the budget
@@ -36,98 +40,13 @@ import json
 import statistics
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-
-@dataclass(frozen=True)
-class Shape:
-    """A model family's transformer shape and the context a real image generation runs at."""
-
-    name: str
-    family: str  # chameleon | emu3 | llama
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    vocab: int
-    image_vocab: int  # tokens the sampler chooses from (the image codes)
-    prompt_tokens: int
-    image_tokens: int
-    note: str = ""
-
-    @property
-    def context(self) -> int:
-        return self.prompt_tokens + self.image_tokens
-
-
-# Real shapes (shared/spec/models.md): Chameleon-7B as Lumina-mGPT ships it (qk-LayerNorm), 768x768
-# = 2,356 image tokens incl. size tokens and end-of-lines; Emu3-Gen 8B (GQA, 184,622-word vocabulary),
-# 720x720 = 90 rows x (90 + EOL) + 3 = 8,193 tokens. Prompts of ~64 tokens.
-SHAPES = {
-    "lumina-mgpt-7b-768": Shape("lumina-mgpt-7b-768", "chameleon", 4096, 11008, 32, 32, 32, 65536, 8192, 64, 2356,
-                                "Chameleon-7B (Lumina-mGPT), 768x768"),
-    "emu3-gen-8b-720": Shape("emu3-gen-8b-720", "emu3", 4096, 14336, 32, 32, 8, 184622, 32768, 64, 8193,
-                             "Emu3-Gen, 720x720"),
-}
-# Issue 13's CPU target: a ~110M-parameter random Llama (12 layers, hidden 768) with an 8,192-code
-# image vocabulary at a 2,400-token context, in fp32 on the CPU: sampler work outside the forward
-# and the bytes compaction moves per tree pass, at L = 64 with a tree.
-CPU_SHAPES = {
-    "llama-110m-2400": Shape("llama-110m-2400", "llama", 768, 2048, 12, 12, 12, 16384, 8192, 64, 2336,
-                             "Llama 110M, 8,192 image codes, 2,400-token context (CPU target)"),
-}
-TINY_SHAPES = {
-    "lumina-mgpt-tiny": Shape("lumina-mgpt-tiny", "chameleon", 64, 128, 2, 4, 4, 1024, 256, 8, 56,
-                              "tiny Chameleon (CI only)"),
-    "emu3-tiny": Shape("emu3-tiny", "emu3", 64, 128, 2, 4, 2, 1024, 256, 8, 72, "tiny Emu3 (CI only)"),
-}
-
-
-def build_random_model(shape: Shape, dtype: torch.dtype, device: torch.device):
-    """The family's transformers model with random weights, built on the device (no download)."""
-    if shape.family == "chameleon":
-        from transformers import ChameleonConfig, ChameleonForConditionalGeneration as cls
-
-        config = ChameleonConfig(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-                                 num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                                 num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab, qk_layernorm=True,
-                                 max_position_embeddings=shape.context + 256,
-                                 vocabulary_map={"<image>": shape.vocab - shape.image_vocab - 1})
-        if shape.hidden < 1024:  # a tiny VQ for the tiny shape (its weights are never used here)
-            config.vq_config.embed_dim = config.vq_config.base_channels = 32
-            config.vq_config.num_embeddings = shape.image_vocab
-            config.vq_config.channel_multiplier = [1, 1]
-    elif shape.family == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM as cls
-
-        config = LlamaConfig(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-                             num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                             num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
-                             max_position_embeddings=shape.context + 256, pad_token_id=0, bos_token_id=1,
-                             eos_token_id=2)
-    elif shape.family == "emu3":
-        from transformers import Emu3ForCausalLM as cls, Emu3TextConfig
-
-        config = Emu3TextConfig(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-                                num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                                num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
-                                max_position_embeddings=shape.context + 256, pad_token_id=0, bos_token_id=1,
-                                eos_token_id=2)
-    else:
-        raise ValueError(f"unknown family {shape.family!r}")
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # initialise in the target dtype: a 7B model never exists in fp32
-    try:
-        with torch.device(device):
-            model = cls(config)
-    finally:
-        torch.set_default_dtype(previous)
-    return model.eval()
+from .shapes import CPU_SHAPES, SHAPES, TINY_SHAPES, Shape, build_random_model, image_token_ids, text_vocab  # noqa: F401
 
 
 class DeviceTimer:
@@ -146,17 +65,6 @@ class DeviceTimer:
         fn()
         self.sync()
         return time.perf_counter() - start
-
-
-def image_token_ids(shape: Shape, device: torch.device) -> torch.Tensor:
-    """Model ids of the image codes (a contiguous block at the end of the vocabulary will do for
-    random weights; only the count matters for cost)."""
-    return torch.arange(shape.vocab - shape.image_vocab, shape.vocab, device=device)
-
-
-def text_vocab(shape: Shape) -> int:
-    """Prompt ids are drawn below the image block and Chameleon's <image> placeholder id."""
-    return shape.vocab - shape.image_vocab - 1
 
 
 @torch.inference_mode()
@@ -209,7 +117,7 @@ def sampler_overhead(model, shape: Shape, methods: Sequence[str], tokens: int, c
     `sample_tokens` run over the last `tokens` image tokens at the shape's real context."""
     from ..engine.loop import sample_tokens
     from ..models.causal_lm import CausalLMAdapter
-    from .runner import parse_method
+    from .methods import parse_method
 
     g = torch.Generator().manual_seed(seed)
     adapter = CausalLMAdapter(model, token_space=image_token_ids(shape, device))
@@ -251,7 +159,9 @@ def demo_rows(device: str, methods: str, prompts: int, seeds: Sequence[int], war
     """`sjd-pac bench --methods ...` on the demo model on the device: the summary table."""
     import sjd_pac_core as sp
 
-    from .runner import load_prompts, markdown_table, parse_methods, run_bench, to_json
+    from .methods import parse_methods
+    from .report import markdown_table, to_json
+    from .runner import load_prompts, run_bench
 
     model = sp.load_model("demo", device=device)
     with warnings.catch_warnings():
@@ -321,6 +231,8 @@ def markdown_report(result: Dict[str, object]) -> str:
         if shape.get("budgets"):
             lines += budget_report(shape["budgets"])
         lines.append("")
+    if result.get("quantized"):
+        lines += [result["quantized"]["markdown"], ""]
     if result.get("demo"):
         lines += ["## Demo model rows", "", result["demo"]["markdown"], ""]
     return "\n".join(lines)
@@ -348,12 +260,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--demo-prompts", type=int, default=None, help="demo prompts (default 20; tiny 1)")
     p.add_argument("--demo-seeds", default="0")
     p.add_argument("--no-demo", action="store_true")
+    p.add_argument("--quantized-shape", default=None,
+                   help="shape of the quantized rows (default: the first shape); 'none' skips them")
+    p.add_argument("--quantized-tokens", type=int, default=None, help="image tokens per quantized run (64; tiny 8)")
     p.add_argument("--out", default="runs/gpu_bench")
     args = p.parse_args(argv)
 
     from ..models.loader import resolve_device
-    from .cli import parse_seeds
-    from .runner import BASELINE_METHODS
+    from .methods import BASELINE_METHODS, parse_seeds
 
     device = resolve_device(args.device)
     table = TINY_SHAPES if args.tiny else {**SHAPES, **CPU_SHAPES}
@@ -414,6 +328,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    quantized_shape = args.quantized_shape or names[0]
+    if quantized_shape != "none":
+        from ..models.quantize import available_precisions
+        from .quantized import markdown as quantized_markdown, quantized_rows
+
+        precisions = available_precisions(device)
+        print(f"quantized rows on {quantized_shape}: {', '.join(precisions)}", flush=True)
+        result["quantized"] = quantized_rows(table[quantized_shape], device, precisions,
+                                             tokens=args.quantized_tokens or (8 if args.tiny else 64),
+                                             rounds=1 if args.tiny else 3, window=8 if args.tiny else 32)
+        result["quantized"]["markdown"] = quantized_markdown(result["quantized"])
     if not args.no_demo:
         methods = args.demo_methods or ("ar,generate,sjd-pac@16" if args.tiny else BASELINE_METHODS)
         print(f"demo rows: {methods}", flush=True)

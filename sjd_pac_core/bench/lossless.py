@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -39,7 +39,8 @@ import torch
 from ..config import SamplerConfig
 from ..engine.loop import sample_tokens
 from ..models.image_model import ARImageModel
-from .runner import MethodSpec, environment
+from .environment import environment
+from .methods import MethodSpec
 
 FAIL_BELOW = 1e-3
 COLOUR_FEATURES = ("mean R", "mean G", "mean B", "luminance std") + tuple(

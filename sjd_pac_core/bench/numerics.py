@@ -33,7 +33,7 @@ from ..models.loader import load_model
 from ..sampling.recipe import SamplingRecipe, process
 from ..sampling.verify import gumbel_noise
 from .baselines import causal_lm_of
-from .runner import MethodSpec
+from .methods import MethodSpec
 
 
 def _tokens(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig, seed: int) -> torch.Tensor:

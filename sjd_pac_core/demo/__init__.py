@@ -1,12 +1,24 @@
-"""The bundled demo text-to-image model: procedural data, a VQ tokenizer and a small transformers LM.
+"""The bundled demo text-to-image model: a small transformers LM, a VQ tokenizer and its weights.
 
-    from sjd_pac_core.demo.model import load_demo
-    demo = load_demo()   # LM + VQ + vocabulary from sjd_pac_core/demo/weights/
+The runtime (what `load_model("demo")` needs) lives here:
 
-Rebuild from scratch with ``python -m sjd_pac_core.demo.train``; measure how a speculative
-sampler sees it with ``python -m sjd_pac_core.demo.calibrate``.
+    captions.py   the picture language: colours, shapes, sizes, places; reading prompts (no torch)
+    vocab.py      the token vocabulary and layout
+    vq.py         the VQ image tokenizer (decoder)
+    model.py      loading the weights; a batched reference AR sampler
+    weights/      the shipped weights
+
+The tools that made and measured it stand apart, in tools/ (procedural data, training, the
+quality check, calibration): rebuild it with ``python -m sjd_pac_core.demo.tools.train``, check
+its pictures with ``python -m sjd_pac_core.demo.tools.quality``, measure how a speculative
+sampler sees it with ``python -m sjd_pac_core.demo.tools.calibrate``.
 """
 
+from pathlib import Path
+
 # The prompt the README, the app, the ComfyUI nodes and the demo workflows start with: chosen with
-# the strict check (`python -m sjd_pac_core.demo.quality --prompts ...`) on held-out seeds.
+# the strict check (`python -m sjd_pac_core.demo.tools.quality --prompts ...`) on held-out seeds.
 EXAMPLE_PROMPT = "a large orange circle top right on a blue background"
+
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"  # the shipped demo folder
+VOCAB_FILE = "vocab.json"  # a demo folder's vocabulary (captions.check_prompt reads it before loading)

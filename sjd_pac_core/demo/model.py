@@ -18,10 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import WEIGHTS_DIR
 from .vocab import DemoVocab
 from .vq import VQModel
-
-WEIGHTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights")
 
 
 @dataclass
@@ -58,14 +57,14 @@ class DemoModel:
         return Image.fromarray(self.tokens_to_array(tokens))
 
 
-def load_demo(path: str | None = None, dtype: torch.dtype = torch.float32) -> DemoModel:
-    """Load LM (upcast to ``dtype``, eval mode), VQ and vocabulary from ``path``."""
+def load_demo(path: str | os.PathLike | None = None, dtype: torch.dtype = torch.float32) -> DemoModel:
+    """Load LM (upcast to ``dtype``, eval mode), VQ and vocabulary from ``path`` (default: the shipped weights)."""
     from transformers import AutoModelForCausalLM
 
-    path = path or WEIGHTS_DIR
+    path = os.fspath(path or WEIGHTS_DIR)
     if not os.path.exists(os.path.join(path, "model.safetensors")):
         raise FileNotFoundError(
-            f"no demo weights in {path}; rebuild them with `python -m sjd_pac_core.demo.train --out {path}`"
+            f"no demo weights in {path}; rebuild them with `python -m sjd_pac_core.demo.tools.train --out {path}`"
         )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     vq = VQModel.from_pretrained(path)

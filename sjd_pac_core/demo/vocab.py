@@ -10,14 +10,14 @@ Sequence layout (mirrors Lumina-mGPT / Emu3 style models):
 The prompt is ``<bos> words <boi>``; the image part is 16 * 17 = 272 tokens, every 17th an
 ``<eol>``; the unconditional prompt for classifier-free guidance is ``<bos> <boi>``.
 
-With ``prompt_slots`` set (``demo.train --arch gpt2 --prompt-slots 20``; the shipped Llama has
+With ``prompt_slots`` set (``demo.tools.train --arch gpt2 --prompt-slots 20``; the shipped Llama has
 none), every prompt has the same length: the words are
 followed by ``<pad>`` up to ``prompt_slots`` (the unconditional prompt is all ``<pad>``), so image
 token (row, column) always sits at the same absolute position and a model with learned position
 embeddings (GPT-2) can learn the 2D layout from them. Longer captions keep their first
 ``prompt_slots`` words.
 
-With ``prompt_format="slots"`` (the default of ``demo.train``), the prompt is a structured
+With ``prompt_format="slots"`` (the default of ``demo.tools.train``), the prompt is a structured
 caption of fixed slots, the same length for every prompt (``SLOT_NAMES``): for each of two
 objects its vertical place (top / center / bottom), horizontal place (left / center / right),
 size (small / medium / large), colour and shape, then the background colour; the second
@@ -27,7 +27,7 @@ slot. Natural-language prompts ("a red circle top left on a blue background", "a
 square in the center on a white background") are parsed into the slots by `parse_prompt`; a
 word the model does not know is an error that lists the words it knows.
 
-With ``row_tokens`` set (``demo.train``'s default; ``--no-row-tokens`` turns it off), each row
+With ``row_tokens`` set (``demo.tools.train``'s default; ``--no-row-tokens`` turns it off), each row
 ends in its own forced token (``<eol0>`` .. ``<eol15>``, ids between the words and the image
 codes) instead of the shared ``<eol>``: the nearest row end then names the row, and the distance
 to it names the column, so a 1D-RoPE Llama gets the 2D position of every image token from its
@@ -38,156 +38,17 @@ from __future__ import annotations
 
 import json
 import os
-import string
 from dataclasses import dataclass, field
 
 import torch
 
-from . import EXAMPLE_PROMPT
+from . import VOCAB_FILE
+from .captions import COLORS, SHAPES, SIZES, SLOT_NAMES, ParsedPrompt, caption_words, parse_prompt
 
 SPECIALS = ["<pad>", "<bos>", "<boi>", "<eol>", "<eoi>", "<unk>"]
 PROMPT_FORMATS = ("words", "slots")
-# the structured prompt: per object (vertical place, horizontal place, size, colour, shape), then
-# the background colour
-OBJECT_SLOTS = ("vertical", "horizontal", "size", "colour", "shape")
-MAX_OBJECTS = 2
-SLOT_NAMES = tuple(f"{name}{k + 1}" for k in range(MAX_OBJECTS) for name in OBJECT_SLOTS) + ("background",)
-SLOT_WORDS = ["medium"]  # words the slot format needs beyond data.CAPTION_WORDS
+SLOT_WORDS = ["medium"]  # words the slot format needs beyond captions.CAPTION_WORDS
 PAD, BOS, BOI, EOL, EOI, UNK = range(6)
-VOCAB_FILE = "vocab.json"
-
-
-def caption_words(text: str) -> list[str]:
-    """Lower-case words of a caption, without the punctuation around them ("background." and
-    "(red)" are the words "background" and "red"; a sentence may end in a full stop)."""
-    words = (w.strip(string.punctuation) for w in text.lower().replace(",", " ").split())
-    return [w for w in words if w]
-
-
-class PromptError(ValueError):
-    """A prompt the demo model cannot read; the message says how to fix it."""
-
-
-_FILLERS = {"a", "an", "the", "in", "at", "of", "with", "on"}
-_VERTICAL = {"top": "top", "upper": "top", "bottom": "bottom", "lower": "bottom"}
-_HORIZONTAL = {"left": "left", "right": "right"}
-_MIDDLE = {"center", "centre", "middle"}
-_SIZES = ("small", "medium", "large")
-
-
-@dataclass(frozen=True)
-class ParsedPrompt:
-    """A prompt in the demo grammar: objects as dicts (vertical, horizontal, size, colour, shape)
-    and the background colour, plus warnings for what was filled in."""
-
-    objects: tuple
-    background: str
-    warnings: tuple = ()
-
-    def slots(self) -> list:
-        """The words of the ``SLOT_NAMES`` slots (None for an empty slot)."""
-        out = []
-        for k in range(MAX_OBJECTS):
-            o = self.objects[k] if k < len(self.objects) else None
-            out += [None if o is None else o[name] for name in OBJECT_SLOTS]
-        return out + [self.background]
-
-
-def parse_prompt(text: str) -> ParsedPrompt:
-    """Read a natural-language demo prompt into the structured caption's slots.
-
-    "a small red circle top left and a blue star bottom right on a white background": objects
-    joined by "and", each with an optional size word (no size word: medium), one colour, one
-    shape and a place (top / bottom and left / right, or center; none: the center, with a
-    warning); then "on a <colour> background" (none: white, or black next to a light object, with
-    a warning). Raises PromptError naming the fix for a word the demo does not know, more than
-    two objects, or an object without exactly one colour and one shape."""
-    from . import data as D
-
-    words = caption_words(text)
-    known = set(_FILLERS) | set(_VERTICAL) | set(_HORIZONTAL) | _MIDDLE | set(_SIZES) | set(D.COLORS) | set(D.SHAPES)
-    known |= {"and", "background"}
-    unknown = [w for w in dict.fromkeys(words) if w not in known]
-    if unknown:
-        raise PromptError(
-            f"The demo model does not know the word{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}. "
-            f"It draws one or two shapes ({', '.join(D.SHAPES)}) in colours ({', '.join(D.COLOR_NAMES)}), "
-            f"sizes (small, large) and places (top left, top, top right, left, center, right, bottom left, "
-            f"bottom, bottom right) on a coloured background; write e.g. \"{EXAMPLE_PROMPT}\"."
-        )
-    warnings = []
-    background = None
-    if "background" in words:
-        at = len(words) - 1 - words[::-1].index("background")
-        before = [w for w in words[:at] if w not in ("a", "an", "the")]
-        if not before or before[-1] not in D.COLORS:
-            raise PromptError(f"Name the background's colour right before \"background\", e.g. \"{EXAMPLE_PROMPT}\".")
-        background = before[-1]
-        # drop "on a <colour> background"
-        k = at - 1
-        while k >= 0 and words[k] != background:
-            k -= 1
-        body = words[:k] + words[at + 1 :]
-        while body and body[-1] in ("on", "a", "an", "the"):
-            body = body[:-1]
-    else:
-        body = list(words)
-        if "on" in body:
-            at = len(body) - 1 - body[::-1].index("on")
-            rest = [w for w in body[at + 1 :] if w not in ("a", "an", "the")]
-            if len(rest) == 1 and rest[0] in D.COLORS:
-                background, body = rest[0], body[:at]
-    phrases, cur = [], []
-    for w in body:
-        if w == "and":
-            phrases.append(cur)
-            cur = []
-        else:
-            cur.append(w)
-    phrases.append(cur)
-    phrases = [p for p in phrases if any(w not in _FILLERS for w in p)]
-    if not phrases:
-        raise PromptError(f"Name at least one shape and its colour, e.g. \"{EXAMPLE_PROMPT}\".")
-    if len(phrases) > MAX_OBJECTS:
-        raise PromptError(f"The demo model draws at most {MAX_OBJECTS} objects; the prompt names {len(phrases)}.")
-    objects = []
-    for p in phrases:
-        colours = [w for w in p if w in D.COLORS]
-        shapes = [w for w in p if w in D.SHAPES]
-        sizes = [w for w in p if w in _SIZES]
-        if len(colours) != 1 or len(shapes) != 1 or len(sizes) > 1:
-            raise PromptError(
-                f"Give each object one colour and one shape (and at most one size word); "
-                f"\"{' '.join(p)}\" has colours {colours or 'none'}, shapes {shapes or 'none'}. "
-                f"Write e.g. \"{EXAMPLE_PROMPT}\"."
-            )
-        vertical = [_VERTICAL[w] for w in p if w in _VERTICAL]
-        horizontal = [_HORIZONTAL[w] for w in p if w in _HORIZONTAL]
-        if len(set(vertical)) > 1 or len(set(horizontal)) > 1:
-            raise PromptError(f"\"{' '.join(p)}\" names two places; give one (e.g. top left).")
-        if not vertical and not horizontal and not any(w in _MIDDLE for w in p):
-            warnings.append(f"No place given for the {colours[0]} {shapes[0]}; the demo model draws it in the center.")
-        objects.append({"vertical": vertical[0] if vertical else "center",
-                        "horizontal": horizontal[0] if horizontal else "center",
-                        "size": sizes[0] if sizes else "medium", "colour": colours[0], "shape": shapes[0]})
-    if background is None:
-        light = any(D.color_distance(o["colour"], "white") < D.MIN_CONTRAST for o in objects)
-        background = "black" if light else "white"
-        warnings.append(f"No background colour given; the demo model paints a {background} background.")
-    return ParsedPrompt(tuple(objects), background, tuple(warnings))
-
-
-def slot_caption(parsed: ParsedPrompt) -> str:
-    """The parsed prompt written back in the data generator's caption grammar."""
-    from . import data as D
-
-    specs = []
-    for o in parsed.objects:
-        v = "" if o["vertical"] == "center" else o["vertical"]
-        h = "" if o["horizontal"] == "center" else o["horizontal"]
-        pos = " ".join(x for x in (v, h) if x) or "in the center"
-        specs.append(D.ObjectSpec(o["shape"], o["colour"], o["size"], pos, (0.0, 0.0), 0.0))
-    return D.make_caption(specs, parsed.background)
 
 
 @dataclass
@@ -208,9 +69,7 @@ class DemoVocab:
         if self.prompt_format == "slots":
             if self.prompt_slots is not None:
                 raise ValueError("prompt_slots applies to the words format; the slot format has its own fixed length")
-            from . import data as D
-
-            need = set(D.COLORS) | set(D.SHAPES) | set(_SIZES) | {"top", "bottom", "left", "right", "center"}
+            need = set(COLORS) | set(SHAPES) | set(SIZES) | {"top", "bottom", "left", "right", "center"}
             missing = sorted(need - set(self.words))
             if missing:
                 raise ValueError(f"the slot format needs the words {missing} in the vocabulary")
@@ -333,12 +192,6 @@ class DemoVocab:
         f[self.eol_positions()] = self.row_end_ids()
         return f
 
-    def image_token_mask(self) -> torch.Tensor:
-        """bool [vocab]: True for image-code ids."""
-        m = torch.zeros(self.vocab_size, dtype=torch.bool)
-        m[self.image_offset :] = True
-        return m
-
     # -- persistence -----------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
@@ -362,7 +215,8 @@ class DemoVocab:
             json.dump(self.to_dict(), f, indent=2)
 
     @classmethod
-    def load(cls, path: str) -> "DemoVocab":
+    def load(cls, path: str | os.PathLike) -> "DemoVocab":
+        path = os.fspath(path)
         p = path if path.endswith(".json") else os.path.join(path, VOCAB_FILE)
         with open(p) as f:
             d = json.load(f)

@@ -29,7 +29,7 @@ class SampleInputs:
     config: SamplerConfig
     prompts: List[torch.Tensor]  # long 1-D: [conditional] or [conditional, unconditional] (CFG)
     num_tokens: int
-    seed: int  # in [0, 2**64): the user's seed reduced to 64 bits, or the random one drawn for None
+    seed: int  # in [0, 2**64): the user's seed, or the random one drawn for None or -1 (seeds.py)
     constraints: TokenConstraints
     callback: Optional[Callable[[Any], None]]
 
@@ -157,8 +157,8 @@ def prompt_vocabulary_size(token_model: TokenModel) -> Optional[int]:
     """Ids a prompt may hold: the rows of the model's input embedding (None when unknown)."""
     model = getattr(token_model, "model", None)
     embeddings = getattr(model, "get_input_embeddings", lambda: None)() if model is not None else None
-    weight = getattr(embeddings, "weight", None)
-    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
+    rows = getattr(embeddings, "num_embeddings", None)  # nn.Embedding's, and a split embedding's table
+    return rows if isinstance(rows, int) and rows > 0 else None
 
 
 def context_length(token_model: TokenModel) -> Optional[int]:

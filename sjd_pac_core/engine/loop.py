@@ -31,12 +31,13 @@ from ..sampling.drafting import adaptive_continuation
 from ..sampling.recipe import SamplingRecipe, TokenConstraints, process
 from ..sampling.rules import NodeChildren
 from ..sampling.tree import TreeLayout, tree_layout
+from ..transfer import copy_to_device, to_device
 from . import drafters
 from .drafters import Draft, DraftContext, PassReport
 from .inputs import check_sample_inputs
 from .state import DecodeState
 from .stats import PassRecord, RunStats
-from .sync import SyncCounter, copy_to_device, synchronize, to_device
+from .sync import SyncCounter, synchronize
 from .timing import ForwardTimer
 from .verdict import PassOutcome, StaleRows, Verdict, continuation, walk
 from .window import (AUTO_START_WINDOW, CANDIDATE_WINDOWS, COMPILED_CANDIDATE_WINDOWS, PROBE_SIZES, AutoTreeWindow,
@@ -83,8 +84,8 @@ def sample_tokens(
     model: a transformers causal LM, a TokenModel adapter, or a model from load_model.
     prompt_ids, uncond_prompt_ids: one prompt each, token ids as a 1-D LongTensor (or list).
     config: a SamplerConfig, or a dict of its fields (validated into one).
-    seed: any integer, reduced to 64 bits (sampling/seeds.py); None draws a random seed, which
-        the result reports in `seed`.
+    seed: 0 .. 2**64-1; None or -1 draws a random seed, which the result reports in `seed`
+        (sampling/seeds.py).
     allowed_tokens: a mask [V] or [num_tokens, V] (bool, or 0/1 of any dtype), a list of ids,
         or TokenConstraints (which also carries forced tokens such as end-of-line).
     callback: called with a Progress after every forward pass; raise GenerationCancelled (or

@@ -2,12 +2,12 @@
 
 A pass moves its decisions to the host exactly once (`fetch`); every other value the loop needs
 on the host is known there already (sizes, positions, the walk's result). Index lists going the
-other way (the accepted path) travel with `to_device`, which never blocks on an accelerator.
+other way (the accepted path) travel with `transfer.to_device`, which never blocks on an accelerator.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List
 
 import torch
 
@@ -31,18 +31,6 @@ def fetch(tensors: Dict[str, torch.Tensor]) -> Dict[str, List[int]]:
         out[name] = values[start : start + size]
         start += size
     return out
-
-
-def to_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    """A long tensor of host ints on `device`, copied without waiting for the device's queue."""
-    return copy_to_device(torch.tensor(list(values), dtype=torch.long), device)
-
-
-def copy_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device`, copied without waiting for the device's queue."""
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
 
 
 def synchronize(device: torch.device) -> None:

@@ -20,7 +20,8 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..sampling.tree import TreeLayout
-from .sync import fetch, to_device
+from ..transfer import to_device
+from .sync import fetch
 
 
 @dataclass(frozen=True)

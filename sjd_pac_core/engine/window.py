@@ -17,10 +17,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..config import TreeLevels
+from ..config import PROBE_SIZES, TreeLevels
 from ..models.base import DecoderSession, TokenModel
 
-PROBE_SIZES: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 CANDIDATE_WINDOWS: Tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
 # A compiled run builds one graph per pass size: its auto window chooses among a few sizes, each
 # compiled (and timed, compiled) in the warm-up; shorter passes are padded up to one of them.

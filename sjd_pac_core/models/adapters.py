@@ -5,7 +5,9 @@
   `forward` overwrites every image-token logit with the dtype minimum.
 * `GenerationHeadAdapter`: separate image-token embeddings and head (Janus-Pro).
 
-Both keep CausalLMAdapter's session (cache, tree masks, CFG rows) and override only its hooks.
+Both keep CausalLMAdapter's session (cache, tree masks, CFG rows) and its embedding hooks (the
+prompt from the CPU table, sampled tokens from the device rows: models/kept_parts.py), and
+override only the logits.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from .causal_lm import CausalLMAdapter
+from .kept_parts import HeadRows
 
 
 class ImageHeadAdapter(CausalLMAdapter):
@@ -27,10 +30,16 @@ class ImageHeadAdapter(CausalLMAdapter):
     def __init__(self, model: PreTrainedModel, body: nn.Module, token_space: torch.Tensor) -> None:
         super().__init__(model, token_space)
         self.body = body
-        head = model.get_output_embeddings().weight
+        head_module = model.get_output_embeddings()
+        self.head_rows: Optional[torch.Tensor] = None
+        if isinstance(head_module, HeadRows):  # the loader kept these rows only
+            if not torch.equal(head_module.ids.cpu(), self.token_space.cpu()):
+                raise ValueError("the LM head keeps other rows than the sampler's token space")
+            self.head_rows = head_module.rows
+            return
+        head = head_module.weight
         # A copy of the rows, made once (a gather per pass would copy them every time); under
         # accelerate offloading the weight may live on the meta device - then use the full head.
-        self.head_rows: Optional[torch.Tensor] = None
         if head.device.type != "meta":
             with torch.no_grad():
                 self.head_rows = head.index_select(0, self.token_space.to(head.device)).detach()
@@ -41,7 +50,7 @@ class ImageHeadAdapter(CausalLMAdapter):
         hidden = out.last_hidden_state
         if last_only:
             hidden = hidden[:, -1:]
-        if self.head_rows is None:
+        if self.head_rows is None or self.head_rows.device.type == "meta":
             logits = self.model.get_output_embeddings()(hidden)
             logits = logits.index_select(-1, self.token_space.to(logits.device))
         else:
@@ -59,9 +68,6 @@ class GenerationHeadAdapter(CausalLMAdapter):
     def __init__(self, model: PreTrainedModel, num_codes: int) -> None:
         super().__init__(model)
         self.vocab_size = num_codes
-
-    def embed_prompt(self, prompt_ids: torch.Tensor) -> dict:
-        return {"inputs_embeds": self.model.get_input_embeddings()(prompt_ids)}
 
     def embed_tokens(self, token_ids: torch.Tensor) -> dict:
         return {"inputs_embeds": self.model.prepare_embeddings_for_image_generation(token_ids)}

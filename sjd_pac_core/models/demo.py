@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -12,14 +12,15 @@ from PIL import Image
 
 from ..demo.model import DemoModel, load_demo
 from ..config import ConfigError
-from ..demo.vocab import VOCAB_FILE, PromptError, caption_words, parse_prompt
-from ..demo.vq import VQ_CONFIG, VQ_WEIGHTS
+from ..demo import VOCAB_FILE
+from ..demo.captions import PromptError, caption_words, parse_prompt
+from ..demo.vq import VQ_CONFIG, VQ_WEIGHTS, VQConfig, VQModel
 from .causal_lm import CausalLMAdapter
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
-from .loader import ModelLoadError, check_checkpoint_matches
+from .checks import ModelLoadError, check_checkpoint_matches, check_weight_dtypes
 
 
-# `demo.train` builds a 1D-RoPE Llama (its default, the shipped model) or a GPT-2 with learned
+# `demo.tools.train` builds a 1D-RoPE Llama (its default, the shipped model) or a GPT-2 with learned
 # absolute positions (`--arch gpt2`; README, "The bundled demo model").
 DEMO_MODEL_TYPES = ("gpt2", "llama")
 # Sampling defaults a demo folder may set in its generation_config.json (transformers' keys).
@@ -50,9 +51,21 @@ def folder_defaults(folder: Path, base: FamilyDefaults) -> FamilyDefaults:
     return base.with_sampler(**changes) if changes else base
 
 
+def _vq_floating(folder: Path) -> Dict[str, bool]:
+    """The demo VQ's state-dict names -> is floating point, built on the meta device from its
+    config (empty when the config is unreadable: loading the VQ then says why)."""
+    try:
+        config = VQConfig(**json.loads((folder / VQ_CONFIG).read_text()))
+        with torch.device("meta"):
+            vq = VQModel(config)
+    except Exception:  # noqa: BLE001 - any unreadable config
+        return {}
+    return {name: t.is_floating_point() for name, t in vq.state_dict().items()}
+
+
 class DemoImageModel(ARImageModel):
     family = "demo"
-    # Measured on the shipped weights (README, "Demo model"; `python -m sjd_pac_core.demo.quality`):
+    # Measured on the shipped weights (README, "Demo model"; `python -m sjd_pac_core.demo.tools.quality`):
     # CFG 2 at temperature 0.8 gets background and object colour right on 96 % of held-out
     # prompts; CFG 3 paints the object colour over the background, temperature 1 adds stray blobs.
     # The sampler's shape is the fastest measured on a 2-core CPU, where the demo runs: a pass costs
@@ -87,7 +100,7 @@ class DemoImageModel(ARImageModel):
             if not (folder / name).is_file():
                 raise ModelLoadError(
                     f"{folder / name} is missing; rebuild the demo model with "
-                    "`python -m sjd_pac_core.demo.train`."
+                    "`python -m sjd_pac_core.demo.tools.train`."
                 )
         # transformers would fill a missing weight with random values: compare the file's header
         # with the model config.json builds (on the meta device: no memory) before loading.
@@ -96,13 +109,16 @@ class DemoImageModel(ARImageModel):
         model_config = AutoConfig.for_model(**config)
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(model_config)
-        check_checkpoint_matches(folder / "model.safetensors", {k: v.shape for k, v in skeleton.state_dict().items()})
+        state = skeleton.state_dict()
+        check_checkpoint_matches(folder / "model.safetensors", {k: v.shape for k, v in state.items()})
+        check_weight_dtypes(folder, {k: v.is_floating_point() for k, v in state.items()}, [folder / "model.safetensors"])
+        check_weight_dtypes(folder, _vq_floating(folder), [folder / VQ_WEIGHTS])
         try:
             demo = load_demo(str(folder), dtype=dtype)
         except (OSError, ValueError, RuntimeError, KeyError) as exc:
             raise ModelLoadError(
                 f"The demo model in {folder} could not be loaded ({' '.join(str(exc).split())[:200]}); "
-                "rebuild it with `python -m sjd_pac_core.demo.train`."
+                "rebuild it with `python -m sjd_pac_core.demo.tools.train`."
             ) from None
         demo.model.to(device)
         demo.vq.to(device)
@@ -171,8 +187,10 @@ class DemoImageModel(ARImageModel):
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
-        tokens = tokens.reshape(-1, self.layout.num_tokens)
-        codes = self._codes(self.layout.grid(tokens.cpu())).to(self.device)
+        rows = self.decode_rows(tokens)
+        codes_ids = (self.vocab.image_offset, self.vocab.image_offset + self.vocab.codebook_size)
+        self.check_image_tokens(rows, self.layout, codes_ids, self.check_resolution(resolution))
+        codes = self._codes(self.layout.grid(rows)).to(self.device)
         arrays = self.demo.vq.decode_to_uint8(codes)
         return [Image.fromarray(a) for a in arrays]
 

@@ -20,12 +20,15 @@ from typing import Dict, List, Optional
 
 import torch
 from PIL import Image
-from transformers import Emu3ForConditionalGeneration, Emu3Processor
+from transformers import Emu3Config, Emu3ForConditionalGeneration, Emu3Processor
 
 from .adapters import ImageHeadAdapter
-from .hf_common import free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
+from .kept_parts import keep_what_sampling_uses
+from .hf_common import LoadOptions, free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
-from .loader import ModelLoadError, require_safetensors
+from .checks import ModelLoadError, require_safetensors
+from .memory import FamilyShape, census
+from .sizes import EMU3_RESOLUTIONS
 
 REPO_HINT = "BAAI/Emu3-Gen-hf"
 DEFAULT_IMAGE_AREA = 720 * 720
@@ -53,6 +56,25 @@ class Emu3ImageModel(ARImageModel):
         self.model = model
         self.processor = processor
         self.image_area = image_area
+        self.token_space = self.sampler_ids(model, processor)
+        num_codes = self.num_codes = len(self.token_space) - 4
+        self.eol_id = num_codes  # sampler ids of EOL, EOF, EOI, EOS follow the codes
+        self.tail = (num_codes + 1, num_codes + 2, num_codes + 3)
+        vq_factor = 2 ** (len(model.config.vq_config.channel_multiplier) - 1)
+        self.sizes: Dict[str, Emu3Size] = {}
+        for ratio in RATIOS:
+            rows, cols = processor.calculate_generate_size(ratio, image_area, processor.downsample_ratio)
+            self.sizes.setdefault(f"{cols * vq_factor}x{rows * vq_factor}", Emu3Size(ratio, rows, cols))
+        # Reference settings (Emu3-Gen README): CFG 3.0, top-k 2048, temperature 1.0.
+        self.defaults = FamilyDefaults(resolutions=tuple(self.sizes),
+                                       sampler=dict(cfg_scale=3.0, temperature=1.0, top_k=2048))
+        self.token_model = ImageHeadAdapter(model, model.model, self.token_space)
+        self._last_resolution: Optional[str] = None
+
+    @staticmethod
+    def sampler_ids(model: Emu3ForConditionalGeneration, processor: Emu3Processor) -> torch.Tensor:
+        """The model ids of the sampler's token space: the visual tokens in code order, then
+        end-of-line, end-of-frame, end-of-image, end-of-sequence."""
         tok = processor.tokenizer
         mapping = model.vocabulary_mapping
         img2bpe = mapping.img2bpe
@@ -68,29 +90,47 @@ class Emu3ImageModel(ARImageModel):
                 f"The Emu3 tokenizer lacks end-of-line/end-of-image tokens; download the tokenizer and "
                 f"processor files of {REPO_HINT} again."
             )
-        self.num_codes = num_codes
-        self.token_space = torch.tensor([img2bpe[c] for c in range(num_codes)] + specials, dtype=torch.long)
-        self.eol_id = num_codes  # sampler ids of EOL, EOF, EOI, EOS follow the codes
-        self.tail = (num_codes + 1, num_codes + 2, num_codes + 3)
-        vq_factor = 2 ** (len(model.config.vq_config.channel_multiplier) - 1)
-        self.sizes: Dict[str, Emu3Size] = {}
-        for ratio in RATIOS:
-            rows, cols = processor.calculate_generate_size(ratio, image_area, processor.downsample_ratio)
-            self.sizes.setdefault(f"{cols * vq_factor}x{rows * vq_factor}", Emu3Size(ratio, rows, cols))
-        # Reference settings (Emu3-Gen README): CFG 3.0, top-k 2048, temperature 1.0.
-        self.defaults = FamilyDefaults(resolutions=tuple(self.sizes),
-                                       sampler=dict(cfg_scale=3.0, temperature=1.0, top_k=2048))
-        self.token_model = ImageHeadAdapter(model, model.model, self.token_space)
-        self._last_resolution: Optional[str] = None
+        return torch.tensor([img2bpe[c] for c in range(num_codes)] + specials, dtype=torch.long)
 
     # --- loading ------------------------------------------------------------------------------
+    QUANTIZED_LAYERS = r"model\.text_model\.layers"  # the decoder layers: the only quantized linears
+    # Pixels come from the VQ decoder alone (decode_image_tokens: codebook, post-quant convolution,
+    # decoder); the encoder only turns input images into codes. Dropped after loading, before the
+    # move to the device (kept_parts.drop_modules says why not before).
+    UNUSED_MODULES = ("model.vqmodel.encoder", "model.vqmodel.quant_conv")
+
     @classmethod
     def matches(cls, folder: Path, config: dict) -> bool:
         return config.get("model_type") == "emu3"
 
     @classmethod
+    def memory_shape(cls, config: dict, folder: Optional[Path] = None) -> FamilyShape:
+        """The plan's view of this config (the model is built on the meta device: no memory)."""
+        cfg = Emu3Config.from_dict(dict(config, vocabulary_map=config.get("vocabulary_map") or {}))
+        with torch.device("meta"):
+            model = Emu3ForConditionalGeneration(cfg)
+        codes = cfg.vq_config.codebook_size
+        text = cfg.text_config
+        area = int(config.get("image_area", DEFAULT_IMAGE_AREA))
+        factor = 2 ** (len(cfg.vq_config.channel_multiplier) - 1)
+        if area == DEFAULT_IMAGE_AREA:
+            grids = [(int(r.split("x")[1]) // factor, int(r.split("x")[0]) // factor) for r in EMU3_RESOLUTIONS]
+        else:  # the square size at this area (the processor knows the other ratios)
+            side = round(area ** 0.5) // factor
+            grids = [(side, side)]
+        return FamilyShape(
+            family="emu3", weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", codes + 4),
+                                          embedding=("model.text_model.embed_tokens", codes + 4),
+                                          unused=cls.UNUSED_MODULES),
+            layers=text.num_hidden_layers, heads=text.num_attention_heads, kv_heads=text.num_key_value_heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+            hidden=text.hidden_size, intermediate=text.intermediate_size, sampler_vocab=codes + 4,
+            image_tokens={f"{cols * factor}x{rows * factor}": rows * (cols + 1) + 3 for rows, cols in grids},
+        )
+
+    @classmethod
     def load(
-        cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device, device_map: Optional[str] = None
+        cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device, options: Optional[LoadOptions] = None
     ) -> "Emu3ImageModel":
         fix = f"download the tokenizer and processor files of {REPO_HINT} into the folder."
         require_any(folder, ["tokenizer.json", "vocab.json"], "tokenizer files", fix)
@@ -104,7 +144,9 @@ class Emu3ImageModel(ARImageModel):
             processor = Emu3Processor.from_pretrained(folder)
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"The Emu3 processor in {folder} cannot be loaded ({short(exc)}); {fix}") from None
-        model = load_pretrained(Emu3ForConditionalGeneration, folder, dtype, device, device_map)
+        model = load_pretrained(Emu3ForConditionalGeneration, folder, dtype, device, options,
+                                unused=cls.UNUSED_MODULES,
+                                prepare=lambda m: keep_what_sampling_uses(m, cls.sampler_ids(m, processor)))
         return cls(model, processor, int(config.get("image_area", DEFAULT_IMAGE_AREA)))
 
     # --- prompts ------------------------------------------------------------------------------
@@ -134,24 +176,13 @@ class Emu3ImageModel(ARImageModel):
         )
 
     # --- pixels -------------------------------------------------------------------------------
-    def _resolution_of(self, tokens: torch.Tensor, resolution: Optional[str]) -> str:
-        if resolution is not None:
-            return self.check_resolution(resolution)
-        matches = [r for r in self.sizes if self.layout(r).num_tokens == tokens.shape[-1]]
-        if self._last_resolution in matches:  # what encode_prompt last set up
-            return self._last_resolution
-        if self.defaults.resolution in matches:  # e.g. 90x91 and 91x90 have equal lengths
-            return self.defaults.resolution
-        if len(matches) != 1:
-            raise ValueError(f"{tokens.shape[-1]} tokens do not identify an Emu3 resolution; pass resolution=.")
-        return matches[0]
-
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
-        tokens = tokens.reshape(-1, tokens.shape[-1]).cpu()
-        size = self.sizes[self._resolution_of(tokens, resolution)]
-        # Back to the model's ids (codes outside the codebook cannot occur: constraints forbid them).
-        bpe = self.token_space[tokens.clamp(0, len(self.token_space) - 1)]
+        rows = self.decode_rows(tokens)
+        resolution = self.resolution_for(rows.shape[-1], resolution, self.layout)
+        size = self.sizes[resolution]
+        self.check_image_tokens(rows, self.layout(resolution), (0, self.num_codes), resolution)
+        bpe = self.token_space[rows]  # back to the model's ids
         device = self.model.model.vqmodel.quantize.embedding.weight.device
         pixels = self.model.decode_image_tokens(image_tokens=bpe.to(device), height=size.rows, width=size.cols)
         return postprocess_to_pil(self.processor, pixels)

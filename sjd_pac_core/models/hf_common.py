@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Type
+from typing import Callable, Dict, List, Optional, Sequence, Type, Union
 
 import numpy as np
 import torch
 from PIL import Image
 from transformers import PreTrainedModel
 
-from .loader import ModelLoadError, check_loading_info
+from .checks import ModelLoadError, check_loading_info, check_weight_dtypes
+from .kept_parts import drop_modules
 
 
 def pixels_to_pil(pixels: torch.Tensor, channels_last: bool = False) -> List[Image.Image]:
@@ -49,6 +51,28 @@ def require_any(folder: Path, names: List[str], what: str, fix: str) -> Path:
 
 
 LoadingInfo = dict  # transformers' output_loading_info: missing/unexpected/mismatched keys, error_msgs
+OFFLOAD_HINT = 'pip install "sjd-pac[offload]"'
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How from_pretrained places and stores the weights (load_model fills it in)."""
+
+    quantization: Optional[object] = None  # a transformers quantization_config (TorchAoConfig, BitsAndBytesConfig)
+    device_map: Union[None, str, Dict[str, object]] = None  # accelerate's placement ("auto" or module -> device)
+    offload_folder: Optional[Path] = None  # where device_map's "disk" entries go
+
+
+def floating_weights(cls: Type[PreTrainedModel], folder: Path) -> Optional[Dict[str, bool]]:
+    """The model's state-dict names -> is floating point, from config.json on the meta device (no
+    memory, no weights); None when the config cannot build it (loading then says why)."""
+    try:
+        config = cls.config_class.from_pretrained(folder)
+        with torch.device("meta"):
+            skeleton = cls(config)
+    except Exception:  # noqa: BLE001 - from_pretrained reports a config it cannot build
+        return None
+    return {name: t.is_floating_point() for name, t in skeleton.state_dict().items()}
 
 
 def load_pretrained(
@@ -56,23 +80,49 @@ def load_pretrained(
     folder: Path,
     dtype: torch.dtype,
     device: torch.device,
-    device_map: Optional[str],
+    options: Optional[LoadOptions] = None,
     repair: Optional[Callable[[PreTrainedModel, LoadingInfo], LoadingInfo]] = None,
+    prepare: Optional[Callable[[PreTrainedModel], None]] = None,
+    unused: Sequence[str] = (),
 ) -> PreTrainedModel:
-    """from_pretrained on one device, or spread by accelerate when device_map is "auto".
+    """from_pretrained on one device, or spread by accelerate (options.device_map), quantized as
+    it loads when options.quantization is set.
 
     transformers fills a missing or mis-shaped weight with random values and only logs it; here
     every weight its loading info reports is a ModelLoadError naming the file and the weight.
     repair: a family's fix for a known, harmless difference of its checkpoints; it gets the model
-    and the loading info and returns the info without the entries it fixed.
+    and the loading info and returns the info without the entries it fixed. unused: modules
+    sampling never runs, dropped after loading (a device map need not place them: they load on
+    the CPU). prepare: cuts what sampling never uses of the rest (kept_parts.keep_what_sampling_uses).
+    Both run before the model moves to the device.
     """
+    floating = floating_weights(cls, folder)
+    if floating is not None:
+        check_weight_dtypes(folder, floating)
+    options = options or LoadOptions()
+    device_map = options.device_map
+    if isinstance(device_map, dict):
+        device_map = {**{name: "cpu" for name in unused if not _placed(name, device_map)}, **device_map}
+    if device_map is None and options.quantization is not None and device.type != "cpu":
+        device_map = {"": str(device)}  # quantize on the device, as the weights arrive
+    kwargs = dict(dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True)
+    if options.quantization is not None:
+        kwargs["quantization_config"] = options.quantization
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    if options.offload_folder is not None:
+        kwargs["offload_folder"] = str(options.offload_folder)
     try:
-        kwargs = dict(dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True)
-        if device_map is not None:
-            model, info = cls.from_pretrained(folder, device_map=device_map, **kwargs)
-        else:
-            model, info = cls.from_pretrained(folder, **kwargs)
+        model, info = cls.from_pretrained(folder, **kwargs)
+    except ImportError as exc:  # a library the placement or the quantization needs
+        raise ModelLoadError(f"Loading {folder} needs a library that is missing ({short(exc)}); install the "
+                             f"quantization or offload extra (`{OFFLOAD_HINT}`, `pip install \"sjd-pac[quant]\"`).") from exc
     except (OSError, ValueError, RuntimeError) as exc:
+        if options.quantization is not None or device_map is not None:
+            raise ModelLoadError(
+                f"Loading the weights in {folder} with quantization or offload failed ({short(exc)}); "
+                "load with quantize='none' on one device to tell a damaged checkpoint from a placement problem."
+            ) from exc
         raise ModelLoadError(
             f"Loading the weights in {folder} failed ({short(exc)}); "
             "download the checkpoint again or check that it matches config.json."
@@ -80,12 +130,23 @@ def load_pretrained(
     if repair is not None:
         info = repair(model, info)
     check_loading_info(folder, info)
+    drop_modules(model, unused)
+    placement = getattr(model, "hf_device_map", None) or {}
+    for key in [k for k in placement if any(k == n or k.startswith(n + ".") for n in unused)]:
+        del placement[key]  # what is gone holds no device (the cache asks which devices hold layers)
+    if prepare is not None:
+        prepare(model)
     if device_map is None:
         try:
             model = model.to(device)
         except RuntimeError as exc:
             raise ModelLoadError(f"Moving the weights of {folder} to {device} failed ({short(exc)}).") from exc
     return model.eval()
+
+
+def _placed(name: str, device_map: Dict[str, object]) -> bool:
+    """Whether a device map says where module `name` (or a part of it) goes."""
+    return any(key in ("", name) or name.startswith(key + ".") or key.startswith(name + ".") for key in device_map)
 
 
 def free_model(model: Optional[torch.nn.Module]) -> None:

@@ -17,12 +17,14 @@ from typing import List, Optional
 
 import torch
 from PIL import Image
-from transformers import JanusForConditionalGeneration, JanusProcessor
+from transformers import JanusConfig, JanusForConditionalGeneration, JanusProcessor
 
 from .adapters import GenerationHeadAdapter
-from .hf_common import free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
+from .kept_parts import keep_what_sampling_uses
+from .hf_common import LoadOptions, free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
-from .loader import ModelLoadError, require_safetensors
+from .checks import ModelLoadError, require_safetensors
+from .memory import FamilyShape, census
 
 REPO_HINT = "deepseek-community/Janus-Pro-7B (or -1B)"
 
@@ -63,13 +65,41 @@ class JanusImageModel(ARImageModel):
         self.token_model = GenerationHeadAdapter(model, self.num_codes)
 
     # --- loading ------------------------------------------------------------------------------
+    QUANTIZED_LAYERS = r"model\.language_model\.layers"  # the decoder layers: the only quantized linears
+    # Image understanding's SigLIP encoder and aligner, and the VQ encoder (pixels come from the VQ
+    # decoder alone): generation never runs them. Dropped after loading, before the move to the
+    # device (kept_parts.drop_modules says why not before). The generation embeddings, aligner
+    # and head and the VQ decoder stay.
+    UNUSED_MODULES = ("model.vision_model", "model.aligner", "model.vqmodel.encoder", "model.vqmodel.quant_conv")
+
     @classmethod
     def matches(cls, folder: Path, config: dict) -> bool:
         return config.get("model_type") == "janus"
 
     @classmethod
+    def memory_shape(cls, config: dict, folder: Optional[Path] = None) -> FamilyShape:
+        """The plan's view of this config (the model is built on the meta device: no memory). The
+        text LM head is never used for images: none of its rows is kept; the text embedding only
+        embeds the prompt: none of its rows is on the device."""
+        cfg = JanusConfig.from_dict(config)
+        with torch.device("meta"):
+            model = JanusForConditionalGeneration(cfg)
+        text, vision = cfg.text_config, cfg.vision_config
+        grid = vision.image_size // vision.patch_size
+        pixels = grid * 2 ** (len(cfg.vq_config.channel_multiplier) - 1)
+        return FamilyShape(
+            family="janus", weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", 0),
+                                           embedding=("model.language_model.embed_tokens", 0),
+                                           unused=cls.UNUSED_MODULES),
+            layers=text.num_hidden_layers, heads=text.num_attention_heads, kv_heads=text.num_key_value_heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+            hidden=text.hidden_size, intermediate=text.intermediate_size, sampler_vocab=cfg.vq_config.num_embeddings,
+            image_tokens={f"{pixels}x{pixels}": grid * grid},
+        )
+
+    @classmethod
     def load(
-        cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device, device_map: Optional[str] = None
+        cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device, options: Optional[LoadOptions] = None
     ) -> "JanusImageModel":
         fix = f"download the tokenizer and processor files of {REPO_HINT} into the folder."
         require_any(folder, ["tokenizer.json", "tokenizer.model"], "tokenizer files", fix)
@@ -79,7 +109,11 @@ class JanusImageModel(ARImageModel):
             processor = JanusProcessor.from_pretrained(folder)
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"The Janus processor in {folder} cannot be loaded ({short(exc)}); {fix}") from None
-        model = load_pretrained(JanusForConditionalGeneration, folder, dtype, device, device_map)
+        # Image codes bypass the text vocabulary: no row of the text head is kept, and the text
+        # embedding (the prompt's) stays in CPU memory.
+        model = load_pretrained(JanusForConditionalGeneration, folder, dtype, device, options,
+                                unused=cls.UNUSED_MODULES,
+                                prepare=lambda m: keep_what_sampling_uses(m, torch.zeros(0, dtype=torch.long)))
         return cls(model, processor)
 
     # --- prompts ------------------------------------------------------------------------------
@@ -108,7 +142,7 @@ class JanusImageModel(ARImageModel):
     # --- pixels -------------------------------------------------------------------------------
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
-        codes = tokens.reshape(-1, self.layout.num_tokens).clamp(0, self.num_codes - 1)
+        codes = self.check_image_tokens(self.decode_rows(tokens), self.layout, (0, self.num_codes), self.resolution)
         device = self.model.model.vqmodel.quantize.embedding.weight.device
         pixels = self.model.decode_image_tokens(codes.to(device))  # [B, H, W, 3]
         # Channels first: the processor's PIL backend (used without torchvision) misreads channels-last input.

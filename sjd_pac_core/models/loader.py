@@ -8,20 +8,27 @@ that says what is wrong and what to download or change.
 from __future__ import annotations
 
 import importlib
-import json
+import importlib.util
 import os
-import struct
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 import torch
 
+from .checks import (  # noqa: F401  (re-exported: the loader's public checks)
+    INDEX_NAME,
+    FINITE_CHECK_DEFAULT_LIMIT,
+    ModelLoadError,
+    check_finite_weights,
+    check_weight_files,
+    checkpoint_numel,
+    read_json_dict,
+    read_safetensors_header,
+)
 from .image_model import ARImageModel
 
-
-class ModelLoadError(ValueError):
-    """The folder is not a checkpoint we can load; the message names the fix."""
-
+if TYPE_CHECKING:
+    from .memory import MemoryPlan
 
 DEMO_NAME = "demo"
 DEMO_FOLDER = Path(__file__).resolve().parent.parent / "demo" / "weights"
@@ -41,23 +48,57 @@ def _family_class(spec: str):
     return getattr(importlib.import_module(module), cls)
 
 
-def resolve_device(device: Union[str, torch.device] = "auto") -> torch.device:
-    """"auto" -> cuda, else mps, else cpu; an explicit device that is not there is an error."""
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def valid_devices() -> List[str]:
+    """The device names a model can run on here ("auto" first)."""
+    cuda = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return ["auto", "cpu"] + (["cuda"] + cuda if cuda else []) + (["mps"] if _mps_available() else [])
+
+
+def resolve_device(device: Union[str, int, torch.device] = "auto") -> torch.device:
+    """"auto" -> cuda, else mps, else cpu; an explicit device that is not there is an error.
+
+    An int N (or the string of its digits) means cuda:N, as in torch.device(N). Only the CPU, CUDA
+    and MPS run models: any other device (the meta device holds no data, 'tpu' is not a PyTorch
+    device) is one sentence that lists the devices available here."""
+    choose = "choose one of " + ", ".join(repr(d) for d in valid_devices())
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise ModelLoadError(
+            f"device must be a device name or a CUDA index, got {device!r} of type {type(device).__name__}; {choose}."
+        )
+    if isinstance(device, int):
+        if device < 0:
+            raise ModelLoadError(f"device={device} is not a CUDA index (0, 1, ...); {choose}.")
+        device = f"cuda:{device}"
     name = str(device)
+    if name.isdigit():
+        name = f"cuda:{name}"
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        if _mps_available():
             return torch.device("mps")
         return torch.device("cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ModelLoadError(f"{name!r} is not a device name; {choose}.") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(
             "CUDA was asked for but this PyTorch has no CUDA device; use device='cpu' or 'auto', "
             "or install a CUDA build of PyTorch."
         )
-    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ModelLoadError(f"There is no CUDA device {dev.index} here; {choose}.")
+    if dev.type == "mps" and not _mps_available():
         raise ModelLoadError("MPS was asked for but is not available here; use device='cpu' or 'auto'.")
-    return torch.device(name)
+    if dev.type not in ("cpu", "cuda", "mps"):
+        what = "holds no data, so a model cannot run on it" if dev.type == "meta" else "is not supported"
+        raise ModelLoadError(f"The device {name!r} {what}; {choose}.")
+    return dev
 
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
@@ -77,298 +118,6 @@ def resolve_dtype(dtype: Union[str, torch.dtype], device: torch.device) -> torch
     if dtype not in _DTYPES:
         raise ModelLoadError(f"Unknown dtype {dtype!r}; choose auto, bf16, fp16 or fp32.")
     return _DTYPES[dtype]
-
-
-def read_safetensors_header(path: Path) -> dict:
-    """The JSON header of a .safetensors file, checked: a dict of tensor entries, each with a
-    dtype, a shape and data_offsets that lie inside the file. ModelLoadError naming the file."""
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as f:
-            (header_len,) = struct.unpack("<Q", f.read(8))
-            if header_len <= 0 or 8 + header_len > size:
-                raise ValueError("header longer than the file")
-            header = json.loads(f.read(header_len).decode("utf-8"))
-    except (struct.error, ValueError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(
-            f"{path} is not a readable safetensors file ({exc}); download it again."
-        ) from None
-    if not isinstance(header, dict):
-        raise ModelLoadError(
-            f"{path} has a safetensors header that is a JSON {type(header).__name__}, not a table of "
-            "tensors; download it again."
-        )
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        shape = entry.get("shape") if isinstance(entry, dict) else None
-        if not (
-            isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
-            and 0 <= offsets[0] <= offsets[1] and isinstance(shape, list)
-            and all(isinstance(d, int) and d >= 0 for d in shape)
-        ):
-            raise ModelLoadError(
-                f"{path} has a broken header entry for the weight {name} (no valid shape and "
-                "data_offsets); download it again."
-            )
-    return header
-
-
-def check_safetensors(path: Path) -> None:
-    """Raise ModelLoadError if a .safetensors file is truncated or not a safetensors file."""
-    header = read_safetensors_header(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    if 8 + header_len + end > size:
-        raise ModelLoadError(
-            f"{path} is truncated ({size:,} of {8 + header_len + end:,} bytes); download it again."
-        )
-
-
-def check_weight_files(folder: Path) -> None:
-    for path in sorted(folder.glob("*.safetensors")):
-        check_safetensors(path)
-
-
-def require_safetensors(folder: Path, repo_hint: str) -> None:
-    """The folder must hold the weights as safetensors, every shard its index names included."""
-    index_path = folder / INDEX_NAME
-    if index_path.is_file():
-        shards = set(read_weight_map(index_path).values())
-        missing = sorted(s for s in shards if not (folder / s).is_file())
-        if missing:
-            raise ModelLoadError(
-                f"{folder} lacks {len(missing)} weight shard(s) named in model.safetensors.index.json "
-                f"(first: {missing[0]}); download all model-*.safetensors files of {repo_hint}."
-            )
-    elif not any(folder.glob("*.safetensors")):
-        raise ModelLoadError(
-            f"{folder} has no *.safetensors weights; download the model*.safetensors files of {repo_hint} "
-            "into it (PyTorch .bin checkpoints are not loaded)."
-        )
-
-
-INDEX_NAME = "model.safetensors.index.json"
-
-
-def read_json_dict(path: Path) -> dict:
-    """A JSON file that must hold an object; ModelLoadError naming the file otherwise."""
-    try:
-        value = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ModelLoadError(f"{path} is not UTF-8 text, so it is damaged; download it again.") from None
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{path} is not valid JSON ({exc}); download it again.") from None
-    if not isinstance(value, dict):
-        raise ModelLoadError(
-            f"{path} holds a JSON {type(value).__name__}, not an object of settings; download it again."
-        )
-    return value
-
-
-def read_weight_map(index_path: Path) -> Dict[str, str]:
-    """The weight name -> shard file table of a model.safetensors.index.json."""
-    weight_map = read_json_dict(index_path).get("weight_map")
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise ModelLoadError(f"{index_path} has no valid weight_map (weight -> shard file); download it again.")
-    return weight_map
-
-
-_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "I64": 8, "I32": 4, "F16": 2, "BF16": 2, "I16": 2,
-                      "U8": 1, "I8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
-def checkpoint_numel(folder: Path) -> int:
-    """Parameters in the folder's safetensors files, from their headers (no weights read)."""
-    total = 0
-    for path in folder.glob("*.safetensors"):
-        header = read_safetensors_header(path)
-        for key, value in header.items():
-            if key == "__metadata__":
-                continue
-            count = 1
-            for dim in value["shape"]:
-                count *= dim
-            total += count
-    return total
-
-
-# --- do the loaded weights match the files? ---------------------------------------------------
-def _find_key(name: str, keys, fuzzy: bool) -> Optional[str]:
-    """name among keys; with fuzzy, also under another prefix (transformers may rename the
-    checkpoint's keys on load): only leading components before the first layer index are
-    dropped, and at least three components are kept, so layer 1 never matches layer 0."""
-    if name in keys:
-        return name
-    parts = name.split(".")
-    first_index = next((i for i, p in enumerate(parts) if p.isdigit()), len(parts))
-    for start in range(1, min(first_index - 1, len(parts) - 3) + 1 if fuzzy else 0):
-        suffix = ".".join(parts[start:])
-        hits = [k for k in keys if k == suffix or k.endswith("." + suffix)]
-        if len(hits) == 1:
-            return hits[0]
-    return None
-
-
-def weight_file(folder: Path, name: str, fuzzy: bool = True) -> Optional[str]:
-    """The file that holds (or should hold) a weight, for the fix in an error message: the
-    index's shard for it, else the safetensors file whose header names it, else the only weight
-    file. INDEX_NAME when the index names no shard for it; None when unknown."""
-    index_path = folder / INDEX_NAME
-    if index_path.is_file():
-        weight_map = read_weight_map(index_path)
-        key = _find_key(name, weight_map, fuzzy)
-        return weight_map[key] if key is not None else INDEX_NAME
-    files = sorted(folder.glob("*.safetensors"))
-    for path in files:
-        if _find_key(name, read_safetensors_header(path), fuzzy) is not None:
-            return path.name
-    return files[0].name if len(files) == 1 and fuzzy else None
-
-
-def _shape(shape) -> str:
-    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
-
-
-def weight_problem(
-    folder: Path, missing=(), unexpected=(), mismatched=(), errors=(), file: Optional[str] = None
-) -> Optional[str]:
-    """One sentence for the first problem of a load, naming the file, the weight and the fix;
-    None when the load was clean. mismatched holds (name, checkpoint shape, model shape); file
-    names the weight file when there is only one in question."""
-    missing, unexpected, mismatched, errors = sorted(missing), sorted(unexpected), sorted(mismatched), list(errors)
-    count = len(missing) + len(unexpected) + len(mismatched)
-    more = f" (and {count - 1} more weight problems)" if count > 1 else ""
-    if missing:
-        name = missing[0]
-        where = file or weight_file(folder, name) or "*.safetensors"
-        if where == INDEX_NAME:
-            return (f"{folder / INDEX_NAME} names no shard for the weight {name}{more}, so the model would "
-                    "run with random weights there; download the index and every shard it lists again.")
-        return (f"{folder / where} lacks the weight {name}{more} (a partial or damaged download), so the "
-                f"model would run with random weights there; download {where} again"
-                f"{' (the index names the shard)' if (folder / INDEX_NAME).is_file() else ''}.")
-    if mismatched:
-        name, ckpt, model = mismatched[0]
-        where = file or weight_file(folder, name) or "*.safetensors"
-        return (f"{folder / where} holds the weight {name} with shape {_shape(ckpt)}, but config.json builds "
-                f"it as {_shape(model)}{more}; download {where} and config.json of the same checkpoint again.")
-    if unexpected:
-        name = unexpected[0]
-        where = file or weight_file(folder, name) or "*.safetensors"
-        return (f"{folder / where} holds the weight {name}, which the model built from config.json does not "
-                f"have{more}; download config.json and {where} of the same checkpoint again.")
-    if errors:
-        first = " ".join(str(errors[0]).split())[:200]
-        return f"Loading the weights in {folder} reported an error ({first}); download the checkpoint again."
-    return None
-
-
-def check_loading_info(folder: Path, info: dict) -> None:
-    """Every missing, unexpected or mismatched weight in transformers' loading info
-    (from_pretrained(..., output_loading_info=True)) is a ModelLoadError."""
-    problem = weight_problem(
-        folder,
-        missing=info.get("missing_keys", ()),
-        unexpected=info.get("unexpected_keys", ()),
-        mismatched=info.get("mismatched_keys", ()),
-        errors=info.get("error_msgs", ()),
-    )
-    if problem is not None:
-        raise ModelLoadError(problem)
-
-
-def check_checkpoint_matches(path: Path, expected: Dict[str, torch.Size]) -> None:
-    """The weights in a safetensors file must be exactly `expected` (name -> shape), read from
-    the header alone; for checkpoints whose names are the module's own (no renaming on load)."""
-    header = {k: v for k, v in read_safetensors_header(path).items() if k != "__metadata__"}
-    problem = weight_problem(
-        path.parent,
-        missing=[k for k in expected if k not in header],
-        unexpected=[k for k in header if k not in expected],
-        mismatched=[(k, header[k]["shape"], tuple(expected[k])) for k in expected
-                    if k in header and list(header[k]["shape"]) != list(expected[k])],
-        file=path.name,
-    )
-    if problem is not None:
-        raise ModelLoadError(problem)
-
-
-# Checked by default up to this many parameters (the demo, small models); larger models check
-# on request (load_model(check_finite=True)): a pass over every weight is then a noticeable cost.
-FINITE_CHECK_DEFAULT_LIMIT = 2_000_000_000
-
-
-def _torch_modules(obj: object, depth: int = 2) -> List[torch.nn.Module]:
-    """The torch modules an image model holds, directly or one object deep (adapters, wrappers),
-    without the ones that are part of another (an adapter's body inside its model)."""
-    found: List[torch.nn.Module] = []
-    for value in vars(obj).values() if hasattr(obj, "__dict__") else ():
-        if isinstance(value, torch.nn.Module):
-            found.append(value)
-        elif depth > 1 and hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, type)):
-            found.extend(_torch_modules(value, depth - 1))
-    unique = list({id(m): m for m in found}.values())
-    inner = {id(sub) for m in unique for sub in m.modules() if sub is not m}
-    return [m for m in unique if id(m) not in inner]
-
-
-_FINITE_CHUNK = 1 << 26  # elements per isfinite call: bounds the temporary bool tensor to 64 MB
-
-
-def _all_finite(t: torch.Tensor) -> torch.Tensor:
-    """A 0-dim bool tensor on t's device (no host sync)."""
-    chunks = t.detach().reshape(-1).split(_FINITE_CHUNK)
-    return torch.stack([torch.isfinite(c).all() for c in chunks]).all()
-
-
-def first_non_finite(modules: List[torch.nn.Module]) -> Optional[Tuple[torch.nn.Module, str]]:
-    """The module and name of the first floating-point parameter or buffer holding NaN or inf,
-    else None. One host sync per module and device (not per weight); offloaded (meta) weights
-    are skipped."""
-    for module in modules:
-        named = [(n, t) for n, t in list(module.named_parameters()) + list(module.named_buffers())
-                 if t.is_floating_point() and t.device.type != "meta" and t.numel() > 0]
-        by_device: Dict[torch.device, List[int]] = {}
-        for i, (_, t) in enumerate(named):
-            by_device.setdefault(t.device, []).append(i)
-        for rows in by_device.values():
-            flags = torch.stack([_all_finite(named[i][1]) for i in rows]).cpu()
-            if not bool(flags.all()):
-                return module, named[rows[int((~flags).nonzero()[0, 0])]][0]
-    return None
-
-
-def check_finite_weights(model: object, folder: Path) -> None:
-    """ModelLoadError naming the first weight that holds NaN or inf: safetensors has no checksum,
-    so a damaged data section behind an intact header loads without a word otherwise."""
-    from transformers import PreTrainedModel
-
-    found = first_non_finite(_torch_modules(model))
-    if found is None:
-        return
-    module, name = found
-    # A transformers model may rename its checkpoint's keys; other modules (a VQ decoder read
-    # from its own file) are looked up by their exact names only.
-    where = weight_file(folder, name, fuzzy=isinstance(module, PreTrainedModel))
-    source = f"{folder / where}" if where not in (None, INDEX_NAME) else f"the weight files in {folder}"
-    raise ModelLoadError(
-        f"The weight {name} loaded from {source} holds NaN or infinite values, so the file is damaged "
-        f"(safetensors has no checksum); download {where if where not in (None, INDEX_NAME) else 'them'} again."
-    )
-
-
-def auto_device_map(folder: Path, dtype: torch.dtype, device: torch.device) -> Optional[str]:
-    """"auto" (accelerate spreads layers over GPU and CPU) when the weights would not fit into the
-    free GPU memory with ~15% headroom for activations and the KV cache; None otherwise."""
-    if device.type != "cuda":
-        return None
-    need = checkpoint_numel(folder) * torch.empty((), dtype=dtype).element_size()
-    free, _total = torch.cuda.mem_get_info(device)
-    return "auto" if need > 0.85 * free else None
 
 
 def read_config(folder: Path) -> dict:
@@ -391,7 +140,7 @@ def resolve_folder(path: Union[str, os.PathLike]) -> Path:
         if not (DEMO_FOLDER / "config.json").is_file():
             raise ModelLoadError(
                 f"The bundled demo model is missing from {DEMO_FOLDER}; rebuild it with "
-                "`python -m sjd_pac_core.demo.train`."
+                "`python -m sjd_pac_core.demo.tools.train`."
             )
         return DEMO_FOLDER
     folder = Path(path).expanduser()
@@ -427,8 +176,78 @@ def detect_family(folder: Path, config: dict) -> str:
 def _rebuild_demo(exc: ModelLoadError) -> ModelLoadError:
     """The demo model is not downloaded but built by our script: name that as the fix."""
     return ModelLoadError(
-        f"{str(exc).rsplit(';', 1)[0]}; rebuild the bundled demo model with `python -m sjd_pac_core.demo.train`."
+        f"{str(exc).rsplit(';', 1)[0]}; rebuild the bundled demo model with `python -m sjd_pac_core.demo.tools.train`."
     )
+
+
+def model_family(path: Union[str, os.PathLike]) -> Tuple[Path, dict, str]:
+    """(folder, config, family) of a checkpoint folder or "demo", from the small files only; a
+    config.json value no model can be built from is a ModelLoadError."""
+    from .config_checks import check_config_values
+
+    folder = resolve_folder(path)
+    family = None
+    try:
+        config = read_config(folder)
+        family = detect_family(folder, config)
+        check_config_values(folder / "config.json", config)
+        return folder, config, family
+    except ModelLoadError as exc:
+        if folder != DEMO_FOLDER and family != "demo":
+            raise
+        raise _rebuild_demo(exc) from None
+
+
+def memory_plan(
+    path: Union[str, os.PathLike],
+    dtype: Union[str, torch.dtype] = "auto",
+    device: Union[str, torch.device] = "auto",
+    resolution: Optional[str] = None,
+    rows: int = 2,
+) -> Optional["MemoryPlan"]:
+    """What the checkpoint needs on the device at each precision, from config.json alone (no weight
+    is read); None for the bundled demo model (a few MB)."""
+    from .memory import plan_memory
+
+    folder, config, family = model_family(path)
+    cls = _family_class(FAMILIES[family])
+    if not hasattr(cls, "memory_shape"):
+        return None
+    dev = resolve_device(device)
+    return plan_memory(cls.memory_shape(config, folder), dev, resolve_dtype(dtype, dev), resolution, rows=rows)
+
+
+def check_family_window(folder: Path, config: dict, shape) -> None:
+    """A sliding attention window shorter than the family's smallest image (plus one prompt token)
+    makes every run inexact: refused before any weight is read. A longer window is checked per run
+    (the sampler's session refuses a run that does not fit in it)."""
+    from .config_checks import config_sliding_window, window_message
+
+    window = config_sliding_window(config)
+    shortest = min(shape.image_tokens.values()) + 1
+    if window is not None and window < shortest:
+        raise ModelLoadError(window_message(
+            f"The model in {folder}", window,
+            f"even its smallest image needs {shortest:,} positions with a one-token prompt",
+            "use a checkpoint without sliding-window attention (or whose window covers its images)"))
+
+
+def _choose_precision(plan, quantize: str, dev: torch.device, spread: bool) -> str:
+    """The precision to load with: quantize, or for "auto" the most precise that fits; a precision
+    that does not fit (and is not spread over devices) is one sentence naming what fits."""
+    from .quantize import available_precisions
+
+    offered = available_precisions(dev)
+    if plan is None:
+        return "none" if quantize == "auto" else quantize
+    if quantize == "auto":
+        chosen = plan.most_precise_fitting(offered)
+        if chosen is None and not spread:
+            raise ModelLoadError(plan.not_enough("none", offered))
+        return chosen or offered[-1]
+    if not spread and not plan.fits(quantize):
+        raise ModelLoadError(plan.not_enough(quantize, offered))
+    return quantize
 
 
 def load_model(
@@ -436,21 +255,35 @@ def load_model(
     dtype: Union[str, torch.dtype] = "auto",
     device: Union[str, torch.device] = "auto",
     check_finite: Optional[bool] = None,
+    quantize: str = "none",
+    device_map: Union[None, str, dict] = None,
+    offload_folder: Union[None, str, os.PathLike] = None,
 ) -> ARImageModel:
     """Load the bundled demo model ("demo") or a local checkpoint folder of a supported family.
+
+    device: "auto" (CUDA, else MPS, else the CPU), "cpu", "cuda", "cuda:N", "mps", a torch.device or
+    an int N (cuda:N); anything else is one sentence listing the devices available here.
+    quantize: "none", "int8" or "4bit" (weight-only: the decoder layers' linear weights, quantized
+    as they load), or "auto": the most precise that fits the device by the memory plan. Every
+    check - the folder, the family, the weight files, the scheme's library, the plan against free
+    memory - runs before any weight is read, each failure one sentence naming the fix.
+    device_map / offload_folder: spread the model with accelerate (e.g. {"model.layers.1": "disk",
+    ...} or "auto"); the model's `memory_plan` says what each precision needs.
 
     Every missing, unexpected or mis-shaped weight is a ModelLoadError naming the file and the
     weight. check_finite: look for NaN/inf in every weight after loading (a damaged data section
     passes every other check); None checks models of up to FINITE_CHECK_DEFAULT_LIMIT parameters.
     """
+    from .hf_common import OFFLOAD_HINT, LoadOptions
+    from .memory import plan_memory
+    from .quantize import check_choice, quantization_config, scheme_for
+
     if check_finite is not None and not isinstance(check_finite, bool):
         raise ModelLoadError(f"check_finite must be None, True or False, got {check_finite!r}.")
-    folder = resolve_folder(path)
-    is_demo = folder == DEMO_FOLDER
+    quantize = check_choice(quantize)
+    folder, config, family = model_family(path)
+    is_demo = folder == DEMO_FOLDER or family == "demo"
     try:
-        config = read_config(folder)
-        family = detect_family(folder, config)
-        is_demo = is_demo or family == "demo"
         check_weight_files(folder)
     except ModelLoadError as exc:
         if not is_demo:
@@ -459,19 +292,52 @@ def load_model(
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     cls = _family_class(FAMILIES[family])
-    try:
-        if getattr(cls, "supports_device_map", False):
-            # Only an "auto" device may spill onto the CPU; an explicit device is a promise to fit.
-            device_map = auto_device_map(folder, torch_dtype, dev) if str(device) == "auto" else None
-            model = cls.load(folder, config, torch_dtype, dev, device_map=device_map)
-        else:
+    if not getattr(cls, "supports_device_map", False):  # the demo model: a few MB in its own format
+        if quantize not in ("none", "auto") or device_map is not None:
+            raise ModelLoadError(f"The {family} model is loaded whole and unquantized (it is small); "
+                                 "use quantize='none' and no device_map.")
+        try:
             model = cls.load(folder, config, torch_dtype, dev)
+        except ModelLoadError as exc:
+            raise _rebuild_demo(exc) from None
+        plan = None
+    else:
+        try:
+            shape = cls.memory_shape(config, folder)
+        except Exception:  # noqa: BLE001 - a config the family's own checks explain better
+            shape = None
+        if shape is None:  # the family's load names what is wrong with the folder
+            cls.load(folder, config, torch_dtype, dev)
+            raise ModelLoadError(f"{folder / 'config.json'} does not describe a model sjd-pac can plan for; "
+                                 "download config.json of the checkpoint again.")
+        check_family_window(folder, config, shape)
+        plan = plan_memory(shape, dev, torch_dtype)
+        spread = device_map is not None
+        if not spread and str(device) == "auto" and dev.type == "cuda" and quantize == "none" and not plan.fits("none"):
+            spread, device_map = True, "auto"  # only an "auto" device may spill onto the CPU
+        if spread and importlib.util.find_spec("accelerate") is None:
+            raise ModelLoadError(
+                f"Spreading the model over devices (device_map={device_map!r}) needs accelerate, which is not "
+                f"installed; install it with `{OFFLOAD_HINT}` (or `pip install accelerate`), or load on one device."
+            )
+        precision = _choose_precision(plan, quantize, dev, spread)
+        scheme = scheme_for(precision, dev)
+        options = LoadOptions(
+            quantization=None if scheme is None else quantization_config(
+                scheme, torch_dtype, cls.QUANTIZED_LAYERS, [i for _, i in shape.weights.quantizable]),
+            device_map=device_map,
+            offload_folder=None if offload_folder is None else Path(offload_folder),
+        )
+        model = cls.load(folder, config, torch_dtype, dev, options)
+        model.quantize = precision
+    try:
         if check_finite or (check_finite is None and checkpoint_numel(folder) <= FINITE_CHECK_DEFAULT_LIMIT):
             check_finite_weights(model, folder)
     except ModelLoadError as exc:
         if not is_demo:
             raise
         raise _rebuild_demo(exc) from None
+    model.memory_plan = plan
     model.name = model.name or (DEMO_NAME if folder == DEMO_FOLDER else folder.name)
     return model
 

@@ -31,13 +31,15 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from PIL import Image
 from torch import nn
-from transformers import ChameleonForConditionalGeneration
+from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
 from .adapters import ImageHeadAdapter
+from .kept_parts import drop_modules, keep_what_sampling_uses, unused_key_patterns
 from .chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, VQGANLoadError, load_chameleon_vqgan
-from .hf_common import free_model, load_pretrained, pixels_to_pil, preview_image, short
+from .hf_common import LoadOptions, free_model, load_pretrained, pixels_to_pil, preview_image, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
-from .loader import ModelLoadError, require_safetensors
+from .checks import ModelLoadError, require_safetensors
+from .memory import FamilyShape, census
 from .sizes import PIXELS_PER_GRID, trained_sizes
 
 REPO_HINT = "Alpha-VLLM/Lumina-mGPT-7B-768 (or -512 / -1024)"
@@ -51,6 +53,11 @@ VQGAN_FIX = (
     "copy vqgan.yaml, vqgan.ckpt and text_tokenizer.json from Lumina-mGPT's "
     "ckpts/chameleon/tokenizer/ folder (Meta's Chameleon tokenizer) into the model folder."
 )
+
+# Meta's Chameleon VQGAN (ckpts/chameleon/tokenizer/vqgan.yaml), for plans made without the file:
+# the shape transformers' ChameleonVQVAEConfig defaults to.
+CHAMELEON_VQGAN = VQGANConfig(embed_dim=256, n_embed=8192, z_channels=256, ch=128, ch_mult=(1, 1, 2, 2, 4),
+                              num_res_blocks=2, attn_resolutions=(), resolution=512, out_ch=3)
 
 BOS, IMAGE_START, IMAGE_END, END_OF_LINE, END_OF_TURN = "<s>", "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
 # Lumina-mGPT's size tokens: <reserved{8800 + n:05d}> for n grids of PIXELS_PER_GRID = 32 pixels (= 2 codes).
@@ -101,11 +108,15 @@ class LuminaLayoutChameleon(ChameleonForConditionalGeneration):
     """
 
     qk_rows = 1  # set on a subclass per checkpoint (see `with_qk_rows`)
-    # Lumina-mGPT's trainer deletes the VQ model before saving, and sampling never uses it.
-    _keys_to_ignore_on_load_missing = [r"^model\.vqmodel\."]
+    # transformers' Chameleon VQ model is an image encoder (it has no decoder): sampling never
+    # runs it, and Lumina-mGPT's trainer deletes it before saving. It is not built; weights of it
+    # in a transformers-layout file are skipped.
+    UNUSED = ("model.vqmodel",)
+    _keys_to_ignore_on_load_unexpected = unused_key_patterns(UNUSED)
 
     def __init__(self, config) -> None:
         super().__init__(config)
+        drop_modules(self, self.UNUSED)
         for layer in self.model.layers:
             for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
                 norm.weight = nn.Parameter(norm.weight.data[: self.qk_rows].clone())
@@ -116,6 +127,10 @@ class LuminaLayoutChameleon(ChameleonForConditionalGeneration):
         return type(cls.__name__, (cls,), {"qk_rows": rows})
 
     def expand_qk_norms(self) -> None:
+        if self.qk_rows == 1:
+            # One row broadcasts over the heads in ChameleonLayerNorm (weight * x + bias): the same
+            # numbers with no copy, and an offloaded layer reloads the file's shape unchanged.
+            return
         for layer in self.model.layers:
             attn = layer.self_attn
             for norm, heads in ((attn.q_norm, attn.num_heads), (attn.k_norm, self.config.num_key_value_heads)):
@@ -125,10 +140,18 @@ class LuminaLayoutChameleon(ChameleonForConditionalGeneration):
                     norm.bias = nn.Parameter(norm.bias.repeat_interleave(repeats, 0), requires_grad=False)
 
 
+# The VQGAN's weights: a safetensors copy (see chameleon_vqgan.CONVERT_COMMAND) before Meta's file.
+VQGAN_WEIGHTS = ("vqgan.safetensors", "vqgan.ckpt")
+
+
+def vqgan_weights(vq_dir: Path) -> Optional[Path]:
+    return next((vq_dir / name for name in VQGAN_WEIGHTS if (vq_dir / name).is_file()), None)
+
+
 def find_vqgan_dir(folder: Path) -> Optional[Path]:
     for sub in VQGAN_DIRS:
         d = (folder / sub).resolve()
-        if (d / "vqgan.yaml").is_file() and (d / "vqgan.ckpt").is_file():
+        if (d / "vqgan.yaml").is_file() and vqgan_weights(d) is not None:
             return d
     return None
 
@@ -203,13 +226,38 @@ class LuminaMGPTImageModel(ARImageModel):
         self._last_resolution: Optional[str] = None
 
     # --- loading ------------------------------------------------------------------------------
+    QUANTIZED_LAYERS = r"model\.layers"  # the decoder layers: the only quantized linears
+
     @classmethod
     def matches(cls, folder: Path, config: dict) -> bool:
         return config.get("model_type") == "chameleon"
 
     @classmethod
+    def memory_shape(cls, config: dict, folder: Optional[Path] = None) -> FamilyShape:
+        """The plan's view of this config (the model is built on the meta device: no memory), with
+        Meta's VQGAN decoder (fp32) read from vqgan.yaml, or Chameleon's published one."""
+        cfg = ChameleonConfig.from_dict(dict(config, vocabulary_map=config.get("vocabulary_map") or {}))
+        with torch.device("meta"):
+            model = LuminaLayoutChameleon(cfg)
+        vq_dir = find_vqgan_dir(folder) if folder is not None else None
+        vq_config = VQGANConfig.from_yaml(vq_dir / "vqgan.yaml") if vq_dir is not None else CHAMELEON_VQGAN
+        with torch.device("meta"):
+            decoder_params = sum(p.numel() for p in ChameleonVQGANDecoder(vq_config).parameters())
+        codes = vq_config.n_embed
+        target = default_sizes(folder)[0] if folder is not None else LUMINA_SIZES[0]
+        head_dim = cfg.hidden_size // cfg.num_attention_heads
+        return FamilyShape(
+            family="lumina_mgpt",
+            weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", codes + 2),
+                           embedding=("model.embed_tokens", codes + 2), extra_fp32=decoder_params),
+            layers=cfg.num_hidden_layers, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
+            head_dim=head_dim, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, sampler_vocab=codes + 2,
+            image_tokens={f"{w}x{h}": (h // 16) * (w // 16 + 1) + 1 for w, h in trained_sizes(target)},
+        )
+
+    @classmethod
     def load(
-        cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device, device_map: Optional[str] = None
+        cls, folder: Path, config: dict, dtype: torch.dtype, device: torch.device, options: Optional[LoadOptions] = None
     ) -> "LuminaMGPTImageModel":
         from tokenizers import Tokenizer
 
@@ -247,15 +295,17 @@ class LuminaMGPTImageModel(ARImageModel):
         try:
             # The small VQGAN first, so a bad vqgan.ckpt fails before gigabytes of weights are read;
             # fp32 always: the decoder is small, and the reference decodes in fp32.
-            vqgan = load_chameleon_vqgan(vq_dir / "vqgan.yaml", vq_dir / "vqgan.ckpt", device)
+            vqgan = load_chameleon_vqgan(vq_dir / "vqgan.yaml", vqgan_weights(vq_dir), device)
         except VQGANLoadError as exc:
             raise ModelLoadError(str(exc)) from None
-        model = cls.load_chameleon(folder, config, dtype, device, device_map)
+        model = cls.load_chameleon(folder, config, dtype, device, options,
+                                   prepare=lambda m: keep_what_sampling_uses(m, vocab.token_space))
         return cls(model, vqgan, text_tokenizer, vocab, sizes)
 
     @staticmethod
     def load_chameleon(
-        folder: Path, config: dict, dtype: torch.dtype, device: torch.device, device_map: Optional[str]
+        folder: Path, config: dict, dtype: torch.dtype, device: torch.device, options: Optional[LoadOptions] = None,
+        prepare=None,
     ) -> ChameleonForConditionalGeneration:
         """The weights in either layout: transformers' ([heads, head_dim] q/k norms) or Lumina-mGPT's
         own ([model_parallel_size, head_dim], expanded over the heads here)."""
@@ -268,7 +318,7 @@ class LuminaMGPTImageModel(ARImageModel):
                 f"The q/k LayerNorm weights in {folder} have {rows} rows, which divides neither "
                 f"{heads} attention heads nor {kv_heads} key/value heads; download the checkpoint of {REPO_HINT} again."
             )
-        model = load_pretrained(LuminaLayoutChameleon.with_qk_rows(rows), folder, dtype, device, device_map)
+        model = load_pretrained(LuminaLayoutChameleon.with_qk_rows(rows), folder, dtype, device, options, prepare=prepare)
         model.expand_qk_norms()
         return model
 
@@ -309,24 +359,13 @@ class LuminaMGPTImageModel(ARImageModel):
         )
 
     # --- pixels -------------------------------------------------------------------------------
-    def _resolution_of(self, tokens: torch.Tensor, resolution: Optional[str]) -> str:
-        if resolution is not None:
-            return self.check_resolution(resolution)
-        matches = [r for r in self.defaults.resolutions if self.layout(r).num_tokens == tokens.shape[-1]]
-        if self._last_resolution in matches:  # what encode_prompt last set up
-            return self._last_resolution
-        if self.defaults.resolution in matches:  # the square default first (e.g. a transposed size has as many tokens)
-            return self.defaults.resolution
-        if len(matches) != 1:
-            raise ValueError(f"{tokens.shape[-1]} tokens do not identify a Lumina-mGPT resolution; pass resolution=.")
-        return matches[0]
-
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
-        tokens = tokens.reshape(-1, tokens.shape[-1]).cpu()
-        layout = self.layout(self._resolution_of(tokens, resolution))
-        codes = layout.grid(tokens.reshape(-1, layout.num_tokens)).clamp(0, self.vocab.num_codes - 1)
-        return pixels_to_pil(self.vqgan.decode_codes(codes))
+        rows = self.decode_rows(tokens)
+        resolution = self.resolution_for(rows.shape[-1], resolution, self.layout)
+        layout = self.layout(resolution)
+        self.check_image_tokens(rows, layout, (0, self.vocab.num_codes), resolution)
+        return pixels_to_pil(self.vqgan.decode_codes(layout.grid(rows)))
 
     def preview(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> Optional[Image.Image]:
         resolution = self.check_resolution(resolution or self._last_resolution)

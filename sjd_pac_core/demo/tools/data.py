@@ -34,39 +34,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageDraw
 
-IMAGE_SIZE = 64
+from ..captions import (COLOR_NAMES, COLORS, IMAGE_SIZE, MIN_CONTRAST, POSITION_NAMES, POSITIONS, SHAPES, SIZES,
+                        ObjectSpec, color_distance, make_caption, parse_caption)
 
-COLORS: dict[str, tuple[int, int, int]] = {
-    "red": (215, 40, 40),
-    "green": (40, 165, 60),
-    "blue": (40, 80, 215),
-    "yellow": (240, 215, 45),
-    "orange": (240, 135, 30),
-    "purple": (135, 60, 185),
-    "pink": (245, 135, 190),
-    "white": (238, 238, 238),
-    "black": (22, 22, 22),
-    "gray": (128, 128, 128),
-    "cyan": (45, 200, 210),
-    "brown": (125, 78, 40),
-}
-COLOR_NAMES = list(COLORS)
-SHAPES = ["circle", "square", "triangle", "star", "diamond", "ring"]
-SIZES = ["small", "medium", "large"]  # "medium" is captioned without a size word
 SIZE_RADIUS = {"small": (8.5, 9.5), "medium": (12.0, 13.0), "large": (15.5, 16.5)}
 POSITION_JITTER = 2.0  # px, each axis
-POSITIONS: dict[str, tuple[int, int]] = {  # name -> (x, y) centre in pixels
-    "top left": (16, 16),
-    "top": (32, 16),
-    "top right": (48, 16),
-    "left": (16, 32),
-    "in the center": (32, 32),
-    "right": (48, 32),
-    "bottom left": (16, 48),
-    "bottom": (32, 48),
-    "bottom right": (48, 48),
-}
-POSITION_NAMES = list(POSITIONS)
 # (column, row) of each named position on the 3x3 grid of positions
 POSITION_GRID: dict[str, tuple[int, int]] = {name: ((x - 16) // 16, (y - 16) // 16) for name, (x, y) in POSITIONS.items()}
 MIN_GRID_DISTANCE = 2  # two objects of one image: at least this many grid places apart (Chebyshev)
@@ -86,8 +58,6 @@ HELD_OUT_PAIRS: frozenset[tuple[str, str]] = frozenset(
         ("brown", "star"),
     }
 )
-
-MIN_CONTRAST = 120.0  # minimum RGB distance between an object's colour and the background's
 
 SPLITS = {"train": 0, "heldout": 1}
 
@@ -110,35 +80,6 @@ TEXTURES = {
     "strong": CloudTexture(amplitude=(20, 36), cells=(4, 8)),
 }
 
-# Every word a caption can contain, in a fixed order (the vocabulary is built from this).
-CAPTION_WORDS: list[str] = (
-    ["a", "an", "and", "on", "background", "in", "the", "top", "bottom", "left", "right", "center"]
-    + ["small", "large"]
-    + COLOR_NAMES
-    + SHAPES
-)
-
-
-def color_distance(a: str, b: str) -> float:
-    return float(np.linalg.norm(np.subtract(COLORS[a], COLORS[b], dtype=np.float64)))
-
-
-@dataclass
-class ObjectSpec:
-    shape: str
-    color: str
-    size: str
-    position: str
-    center: tuple[float, float]  # pixel centre (x, y) after jitter
-    radius: float
-
-    def phrase(self) -> str:
-        first = self.color if self.size == "medium" else self.size
-        article = "an" if first[0] in "aeiou" else "a"
-        size = "" if self.size == "medium" else self.size + " "
-        return f"{article} {size}{self.color} {self.shape} {self.position}"
-
-
 @dataclass
 class Sample:
     image: np.ndarray  # (64, 64, 3) uint8
@@ -146,11 +87,6 @@ class Sample:
     background: str
     objects: list[ObjectSpec] = field(default_factory=list)
     masks: list[np.ndarray] = field(default_factory=list)  # per object, float (64, 64) coverage
-
-
-def make_caption(objects: list[ObjectSpec], background: str) -> str:
-    article = "an" if background[0] in "aeiou" else "a"
-    return " and ".join(o.phrase() for o in objects) + f" on {article} {background} background"
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -379,7 +315,7 @@ def token_layout(sample: Sample, grid: int = 16, cells: int = 1) -> np.ndarray:
     the caption's k-th object), by majority coverage of the token's patch; a later object covers
     an earlier one as in rendering. With ``cells`` > 1, of each of the cells x cells sub-patches of
     a token instead: the object's outline inside the token, which is its shape at sub-token
-    resolution and carries no colour. A training target for `demo.train --layout-weight`."""
+    resolution and carries no colour. A training target for `demo.tools.train --layout-weight`."""
     side = grid * cells
     cell = IMAGE_SIZE // side
     layout = np.zeros((side, side), np.int8)
@@ -421,32 +357,3 @@ def contact_sheet(images: np.ndarray, cols: int = 8, scale: int = 2) -> Image.Im
         sheet[r * (h + 2) : r * (h + 2) + h, c * (w + 2) : c * (w + 2) + w] = images[i]
     im = Image.fromarray(sheet)
     return im.resize((im.width * scale, im.height * scale), Image.NEAREST) if scale != 1 else im
-
-
-def parse_caption(caption: str) -> tuple[list[dict], str]:
-    """Inverse of ``make_caption``: -> ([{size, color, shape, position}, ...], background).
-
-    Raises ValueError if the caption is not in the demo grammar."""
-    words = caption.lower().split()
-    if len(words) < 4 or words[-1] != "background" or words[-4] != "on":
-        raise ValueError(f"not a demo caption: {caption!r}")
-    background = words[-2]
-    body = " ".join(words[:-4])
-    objects = []
-    for part in body.split(" and "):
-        w = part.split()
-        if not w or w[0] not in ("a", "an"):
-            raise ValueError(f"not a demo caption: {caption!r}")
-        w = w[1:]
-        size = "medium"
-        if w and w[0] in ("small", "large"):
-            size, w = w[0], w[1:]
-        if len(w) < 3 or w[0] not in COLORS or w[1] not in SHAPES:
-            raise ValueError(f"not a demo caption: {caption!r}")
-        pos = " ".join(w[2:])
-        if pos not in POSITIONS:
-            raise ValueError(f"unknown position {pos!r} in {caption!r}")
-        objects.append({"size": size, "color": w[0], "shape": w[1], "position": pos})
-    if background not in COLORS:
-        raise ValueError(f"unknown background colour in {caption!r}")
-    return objects, background

@@ -1,10 +1,10 @@
 """A strict check of a demo image against its caption: colours, shape, position and size.
 
-    python -m sjd_pac_core.demo.quality                 # the shipped model on the 24 held-out prompts
-    python -m sjd_pac_core.demo.quality --calibrate     # the check itself, on right and wrong images
-    python -m sjd_pac_core.demo.quality --ceiling --n 120   # ground truth through the VQ tokenizer
+    python -m sjd_pac_core.demo.tools.quality                 # the shipped model on the 24 held-out prompts
+    python -m sjd_pac_core.demo.tools.quality --calibrate     # the check itself, on right and wrong images
+    python -m sjd_pac_core.demo.tools.quality --ceiling --n 120   # ground truth through the VQ tokenizer
 
-Every pixel gets its nearest named colour of the data's palette (``data.COLORS``, Euclidean
+Every pixel gets its nearest named colour of the data's palette (``captions.COLORS``, Euclidean
 distance in RGB). Then, per image:
 
 * ``background``: the caption's background colour is the most common colour of the image and
@@ -26,7 +26,7 @@ distance in RGB). Then, per image:
 ground-truth images of ``data.make_sample`` (data seed 1) and checked on other seeds, where
 nearly all pass, and on deliberately wrong images (colours swapped, object moved, shape or size
 word changed, a frame-filling blob), which fail the criterion they break:
-``python -m sjd_pac_core.demo.quality --calibrate`` prints both (tests/test_demo_quality.py
+``python -m sjd_pac_core.demo.tools.quality --calibrate`` prints both (tests/test_demo_quality.py
 asserts them).
 """
 
@@ -42,7 +42,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 from PIL import Image
 
-from .data import COLOR_NAMES, COLORS, IMAGE_SIZE, POSITIONS, SHAPES, TEXTURES, parse_caption, shape_mask
+from ..captions import COLOR_NAMES, COLORS, IMAGE_SIZE, POSITIONS, SHAPES, parse_caption
+from .data import TEXTURES, shape_mask
 
 PROMPTS_FILE = Path(__file__).with_name("quality_prompts.txt")
 BACKGROUND_MIN_SHARE = 0.5
@@ -444,7 +445,7 @@ def evaluate_model(model, prompts: Optional[Iterable[str]] = None, seeds: Sequen
     """Generate every prompt with every seed through ``generate_image`` and check it.
 
     Returns (PassRates, list of (prompt, seed, QualityCheck, PIL image))."""
-    from ..generate import generate_image
+    from ...generate import generate_image
 
     prompts = list(prompts) if prompts is not None else load_prompts()
     rows = []
@@ -492,7 +493,7 @@ def grid_path(grid: str, cfg: float, temperature: float, several: bool) -> Path:
 
 
 def trained_texture(folder: Union[str, Path]) -> str:
-    """The background texture a demo.train folder was trained on (its training_log.json;
+    """The background texture a demo.tools.train folder was trained on (its training_log.json;
     "fine" for logs older than the option)."""
     log = Path(folder) / "training_log.json"
     if not log.is_file():
@@ -503,7 +504,7 @@ def trained_texture(folder: Union[str, Path]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``python -m sjd_pac_core.demo.quality [--calibrate] [--cfg 1 2 3] [--seeds 0 1 2 3]``."""
+    """``python -m sjd_pac_core.demo.tools.quality [--calibrate] [--cfg-scale 1 2 3] [--seeds 0 1 2 3]``."""
     import argparse
     import json
 
@@ -517,19 +518,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--texture", default=None, choices=list(TEXTURES),
                     help="background texture of the ground truth for --calibrate / --ceiling (data.TEXTURES; "
                          "default: the one --model was trained on, strong for the shipped demo)")
-    ap.add_argument("--cfg", type=float, nargs="+", default=None, help="CFG scales (default: the model's)")
+    ap.add_argument("--cfg-scale", type=float, nargs="+", default=None, help="CFG scales (default: the model's)")
     ap.add_argument("--temperature", type=float, nargs="+", default=None)
     ap.add_argument("--top-k", type=int, default=None)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--prompts", default=None, help="a prompts file (default: the 24 held-out prompts)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--model", default="demo", help="the demo model, or a folder written by demo.train")
+    ap.add_argument("--model", default="demo", help="the demo model, or a folder written by demo.tools.train")
     ap.add_argument("--grid", default=None, help="save the images, captioned and framed, to this PNG")
     ap.add_argument("--json", default=None, help="write every image's verdict to this JSON file")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     if a.calibrate or a.ceiling:
-        from .model import WEIGHTS_DIR
+        from .. import WEIGHTS_DIR
 
         folder = WEIGHTS_DIR if a.model == "demo" else a.model
         texture = a.texture or trained_texture(folder)  # judge the check on the images the model learned
@@ -539,28 +540,29 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             print(line, flush=True)
         return
     if a.ceiling:
-        from .vq import VQModel
+        from ..vq import VQModel
 
         rates = vq_ceiling(VQModel.from_pretrained(folder), a.n, texture=texture)
         print(f"ceiling ({folder}, {texture} texture): {rates.line()}", flush=True)
         return
-    from ..models.loader import load_model
+    from ...models.loader import load_model
 
     m = load_model(a.model, device="cpu")
     prompts = load_prompts(a.prompts) if a.prompts else load_prompts()
     overrides = {"top_k": a.top_k} if a.top_k is not None else {}
     records = []
-    for cfg in a.cfg or [m.defaults.cfg_scale]:
+    for cfg in a.cfg_scale or [m.defaults.cfg_scale]:
         for temperature in a.temperature or [m.defaults.temperature]:
             config = m.defaults.sampler_config(method="sjd_pac", verify="gumbel", cfg_scale=cfg,
                                                temperature=temperature, **overrides)
             rates, rows = evaluate_model(m, prompts, seeds=a.seeds, config=config)
-            print(f"cfg {cfg} temperature {temperature} seeds {a.seeds}: {rates.line()}", flush=True)
+            print(f"cfg_scale {cfg} temperature {temperature} seeds {a.seeds}: {rates.line()}", flush=True)
             records.append({"cfg_scale": cfg, "temperature": temperature, **overrides, "seeds": a.seeds,
                             **rates.as_dict(),
                             "images": [{"prompt": p, "seed": s, "failed": c.failed()} for p, s, c, _ in rows]})
             if a.grid:
-                path = grid_path(a.grid, cfg, temperature, several=len(a.cfg or [0]) * len(a.temperature or [0]) > 1)
+                several = len(a.cfg_scale or [0]) * len(a.temperature or [0]) > 1
+                path = grid_path(a.grid, cfg, temperature, several=several)
                 captioned_grid(rows).save(path)
                 print(f"wrote {path}", flush=True)
     if a.json:

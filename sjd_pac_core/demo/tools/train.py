@@ -1,7 +1,7 @@
 """Rebuild the bundled demo model from scratch: data -> VQ tokenizer -> text-to-image LM.
 
-    python -m sjd_pac_core.demo.train --out /tmp/demo_run      # the shipped weights' recipe
-    python -m sjd_pac_core.demo.train --smoke                      # a few steps of each stage
+    python -m sjd_pac_core.demo.tools.train --out /tmp/demo_run      # the shipped weights' recipe
+    python -m sjd_pac_core.demo.tools.train --smoke                  # a few steps of each stage
 
 The defaults are the recipe of the shipped weights in ``sjd_pac_core/demo/weights/`` (a Llama with
 row tokens, the sub-token layout loss, strong background clouds, 5,400 LM steps; README, "The
@@ -23,9 +23,11 @@ import time
 import numpy as np
 import torch
 
+from ..captions import CAPTION_WORDS
+from ..vocab import BOS, EOI, PAD, SLOT_WORDS, DemoVocab
+from ..vq import VQConfig, VQModel, to_input
 from . import data as D
-from .vocab import BOI, BOS, EOI, PAD, SLOT_WORDS, DemoVocab
-from .vq import VQConfig, VQModel, train_vq
+from .vq_training import train_vq
 
 LOSS_LOG = "loss_log.jsonl"
 TRAINING_LOG = "training_log.json"
@@ -267,7 +269,7 @@ def main(argv=None):
                          "long as their caption)")
     ap.add_argument("--no-grid-init", action="store_true",
                     help="gpt2: keep the random position embeddings instead of the 2D sinusoidal grid")
-    ap.add_argument("--default-cfg", type=float, default=2.0,
+    ap.add_argument("--default-cfg-scale", type=float, default=2.0,
                     help="the CFG scale the weights' generation_config.json names as their sampling default")
     ap.add_argument("--default-temperature", type=float, default=0.8,
                     help="the temperature the weights' generation_config.json names as their sampling default")
@@ -371,8 +373,6 @@ def main(argv=None):
         codes = vq.encode(images)
         val_codes, ho_codes = vq.encode(val_images), vq.encode(ho_images)
         rec = vq.decode(val_codes)
-        from .vq import to_input
-
         vq_val_mse = float(((rec - to_input(val_images)) ** 2).mean())
     used = int(torch.unique(codes).numel())
     print(f"VQ: val mse {vq_val_mse:.5f} (in [-1,1] units), codes used {used}/{args.codebook}", flush=True)
@@ -380,7 +380,7 @@ def main(argv=None):
     t_enc = time.process_time() - t_cpu0 - t_data - t_vq
 
     # ---- 3. vocabulary ------------------------------------------------------------------
-    words = list(D.CAPTION_WORDS) + (SLOT_WORDS if args.prompt_format == "slots" else [])
+    words = list(CAPTION_WORDS) + (SLOT_WORDS if args.prompt_format == "slots" else [])
     vocab = DemoVocab(words=words, codebook_size=args.codebook, grid=16, prompt_slots=args.prompt_slots or None,
                       row_tokens=args.row_tokens, prompt_format=args.prompt_format)
     vocab.save(out)
@@ -427,7 +427,7 @@ def main(argv=None):
     def write_training_log(status, step, extra):
         rec = {
             "status": status,
-            "command": "python -m sjd_pac_core.demo.train " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": "python -m sjd_pac_core.demo.tools.train " + " ".join(sys.argv[1:] if argv is None else argv),
             "seed": args.seed,
             "images": args.images,
             "texture": args.texture,
@@ -464,7 +464,7 @@ def main(argv=None):
                 "intermediate": args.intermediate,
                 **extra,
             },
-            "sampling_defaults": {"cfg_scale": args.default_cfg, "temperature": args.default_temperature},
+            "sampling_defaults": {"cfg_scale": args.default_cfg_scale, "temperature": args.default_temperature},
             "vq_trained_by": vq_prev,
             "threads": args.threads,
             "wall_time_s": round(time.time() - t_wall0, 1),
@@ -481,7 +481,7 @@ def main(argv=None):
 
     def checkpoint(status, step, extra):
         model.save_pretrained(out, safe_serialization=True)
-        write_generation_defaults(out, args.default_cfg, args.default_temperature)
+        write_generation_defaults(out, args.default_cfg_scale, args.default_temperature)
         write_training_log(status, step, extra)
 
     stop = args.lm_steps if args.lm_stop_at is None else args.lm_stop_at

@@ -1,6 +1,6 @@
 """Measure how "real" the demo model looks to a speculative sampler.
 
-    python -m sjd_pac_core.demo.calibrate [--weights DIR] [--out calibration.json] [--docs docs]
+    python -m sjd_pac_core.demo.tools.calibrate [--weights DIR] [--out calibration.json] [--docs docs]
 
 Reports, on the model's own AR samples:
 * mean per-token entropy (nats) of the image-code distribution at temperature 1, without and
@@ -26,13 +26,15 @@ import argparse
 import json
 import os
 import time
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
 
+from ...models.demo import DemoImageModel, folder_defaults
+from .. import WEIGHTS_DIR
+from ..model import load_demo, reference_ar_sample
 from . import data as D
-from ..models.demo import DemoImageModel, folder_defaults
-from .model import WEIGHTS_DIR, load_demo, reference_ar_sample
 from .quality import trained_texture
 
 CAPTIONS = [
@@ -100,8 +102,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     demo = load_demo(args.weights)
     vocab = demo.vocab
-    allowed = vocab.allowed_tokens()
-    free = ~torch.zeros(vocab.num_image_tokens, dtype=torch.bool).index_fill_(0, vocab.eol_positions(), True)
+    allowed, free = vocab.allowed_tokens(), free_positions(vocab)
     res = {"weights": os.path.relpath(os.path.abspath(args.weights))}
     t0 = time.time()
 
@@ -111,7 +112,12 @@ def main(argv=None):
     if caps:
         toks = reference_ar_sample(demo, caps, seed=args.seed)
         print(f"AR samples: {time.time() - t0:.1f}s", flush=True)
-        cond_logits = entropy_and_locality(demo, caps, toks, allowed, free, args, res)
+        ent, res["entropy_by_row"], cond_logits = entropy_at_t1(demo, caps, toks)
+        res["entropy_nats_T1"] = ent
+        print("entropy", ent, flush=True)
+        curve = locality_curve(demo, caps, toks, args.perturb, args.seed)
+        res["locality_tv"] = {str(d): round(tv, 4) for d, tv in enumerate(curve, start=1)}
+        print(f"locality TV d=1..{len(curve)}:", " ".join(f"{x:.3f}" for x in curve), flush=True)
         entropy_at_defaults(demo, caps, toks, cond_logits, allowed, free, args.cfg_scale, args.temperature, res)
     sjd_measure(demo, allowed, args, res)
     pictures(demo, toks if caps else None, args, res)
@@ -134,35 +140,46 @@ def entropy_at_defaults(demo, caps, toks, lc, allowed, free, cfg_scale: float, t
     print("entropy at the defaults", res["entropy_nats_defaults"], flush=True)
 
 
-@torch.no_grad()
-def entropy_and_locality(demo, caps, toks, allowed, free, args, res) -> torch.Tensor:
-    """Entropy and locality into ``res``; returns the conditional image logits it computed."""
-    vocab = demo.vocab
+def free_positions(vocab) -> torch.Tensor:
+    """bool [num_image_tokens]: the positions the sampler chooses (every one but the row ends)."""
+    return ~torch.zeros(vocab.num_image_tokens, dtype=torch.bool).index_fill_(0, vocab.eol_positions(), True)
 
-    # ---- entropy -------------------------------------------------------------------------
-    lg = image_logits(demo, caps, toks)  # (B, 272, V)
+
+@torch.no_grad()
+def entropy_at_t1(demo, caps, toks) -> Tuple[Dict[str, float], List[float], torch.Tensor]:
+    """Mean per-token entropy (nats) at temperature 1 over the free positions of the AR samples
+    ``toks`` (without top-k and with top-k 64, 16), its mean per image row, and the conditional
+    image logits it computed (B, 272, V)."""
+    allowed, free = demo.vocab.allowed_tokens(), free_positions(demo.vocab)
+    lg = image_logits(demo, caps, toks)
     ent = {}
     for k in (None, 64, 16):
         p = masked_probs(lg, allowed[None], k)
         ent["all" if k is None else f"top_k={k}"] = float(entropy(p)[:, free].mean())
-    res["entropy_nats_T1"] = ent
     # entropy per row (image structure: background rows vs object rows)
     p = masked_probs(lg, allowed[None])
-    res["entropy_by_row"] = [round(float(x), 3) for x in entropy(p)[:, free].reshape(len(caps), 16, 16).mean((0, 2))]
-    print("entropy", ent, flush=True)
+    by_row = [round(float(x), 3) for x in entropy(p)[:, free].reshape(len(caps), 16, 16).mean((0, 2))]
+    return ent, by_row, lg
 
-    # ---- locality curve ------------------------------------------------------------------
-    g = torch.Generator().manual_seed(args.seed + 7)
-    dmax = 36
-    tv_sum = torch.zeros(dmax + 1)
-    tv_n = torch.zeros(dmax + 1)
+
+@torch.no_grad()
+def locality_curve(demo, caps, toks, perturb: int, seed: int, max_distance: int = 36) -> List[float]:
+    """Mean total variation between p_{i+d} with and without a change of the token at i, for
+    d = 1..max_distance, over ``perturb`` random free positions i of each AR sample in ``toks``
+    (the new token drawn from the model's own p_i without the old one)."""
+    vocab = demo.vocab
+    allowed, free = vocab.allowed_tokens(), free_positions(vocab)
+    p = masked_probs(image_logits(demo, caps, toks), allowed[None])
+    g = torch.Generator().manual_seed(seed + 7)
+    tv_sum = torch.zeros(max_distance + 1)
+    tv_n = torch.zeros(max_distance + 1)
     free_idx = free.nonzero().squeeze(1)
     for b, c in enumerate(caps):
         prompt = vocab.prompt_ids(c)
         P = len(prompt)
         base = torch.cat([prompt, toks[b]])
         pos = free_idx[free_idx < vocab.num_image_tokens - 1]
-        pick = pos[torch.randperm(len(pos), generator=g)[: args.perturb]]
+        pick = pos[torch.randperm(len(pos), generator=g)[:perturb]]
         batch = base[None].repeat(len(pick) + 1, 1)
         for j, i in enumerate(pick.tolist()):
             # change the token at i to another code drawn from the model's own p_i
@@ -173,78 +190,58 @@ def entropy_and_locality(demo, caps, toks, allowed, free, args, res) -> torch.Te
         lgb = demo.model(input_ids=batch).logits[:, P - 1 : P - 1 + vocab.num_image_tokens]
         pb = masked_probs(lgb, allowed[None])
         for j, i in enumerate(pick.tolist()):
-            for d in range(1, dmax + 1):
+            for d in range(1, max_distance + 1):
                 t = i + d
                 if t >= vocab.num_image_tokens or not free[t]:
                     continue
                 tv = 0.5 * (pb[j + 1, t] - pb[0, t]).abs().sum()
                 tv_sum[d] += tv
                 tv_n[d] += 1
-    curve = (tv_sum / tv_n.clamp_min(1))[1:]
-    res["locality_tv"] = {str(d): round(float(curve[d - 1]), 4) for d in range(1, dmax + 1)}
-    print("locality TV d=1..36:", " ".join(f"{x:.3f}" for x in curve.tolist()), flush=True)
-    return lg
+    return [float(x) for x in (tv_sum / tv_n.clamp_min(1))[1:]]
 
 
 @torch.no_grad()
 def sjd_measure(demo, allowed, args, res):
+    """SJD / SJD-PAC step compression through the library's sample_tokens, with the demo's real
+    per-position constraints, for the raw model and at the sampling defaults."""
+    from ... import SamplerConfig, TokenConstraints, sample_tokens
+
     vocab = demo.vocab
-    try:
-        import sjd_pac_core as sp
-    except Exception as e:  # pragma: no cover - the core is being written in parallel
-        sp = None
-        res["sjd"] = f"not measured: sjd_pac_core not importable ({e!r})"
-    if sp is not None and hasattr(sp, "sample_tokens"):
-        cons = sp.TokenConstraints(
-            vocab.vocab_size, vocab.num_image_tokens, allowed=allowed, forced=vocab.forced_tokens()
-        )
-        sjd = {"verify": args.verify, "sampling_defaults": {"cfg_scale": args.cfg_scale, "temperature": args.temperature}}
-        defaults = dict(cfg_scale=args.cfg_scale, temperature=args.temperature)
-        rule = dict(verify=args.verify)
-        settings = [
-            ("sjd", dict(method="sjd", window=args.window, **rule)),
-            ("sjd_defaults", dict(method="sjd", window=args.window, **defaults, **rule)),
-        ]
-        if not args.sjd_only:
-            settings += [
+    cons = TokenConstraints(vocab.vocab_size, vocab.num_image_tokens, allowed=allowed, forced=vocab.forced_tokens())
+    sjd = {"verify": args.verify, "sampling_defaults": {"cfg_scale": args.cfg_scale, "temperature": args.temperature}}
+    defaults = dict(cfg_scale=args.cfg_scale, temperature=args.temperature)
+    rule = dict(verify=args.verify)
+    settings = [
+        ("sjd", dict(method="sjd", window=args.window, **rule)),
+        ("sjd_defaults", dict(method="sjd", window=args.window, **defaults, **rule)),
+    ]
+    if not args.sjd_only:
+        settings += [
             ("sjd_topk64", dict(method="sjd", window=args.window, top_k=64, **rule)),
             ("sjd_pac_L64", dict(method="sjd_pac", window=64, **rule)),
             ("sjd_pac_L64_defaults", dict(method="sjd_pac", window=64, **defaults, **rule)),
-            ]
-        print(f"SJD measurements: verify={args.verify}, defaults CFG {args.cfg_scale} temperature {args.temperature}",
-              flush=True)
-        for name, kw in settings:
-            comps, times, ok = [], [], True
-            for r in range(args.sjd_runs):
-                cap = CAPTIONS[r % len(CAPTIONS)]
-                t1 = time.time()
-                try:
-                    out = sp.sample_tokens(
-                        demo.model,
-                        vocab.prompt_ids(cap),
-                        vocab.num_image_tokens,
-                        config=sp.SamplerConfig(**kw),
-                        seed=r,
-                        uncond_prompt_ids=vocab.uncond_prompt_ids(),
-                        allowed_tokens=cons,
-                    )
-                except Exception as e:  # pragma: no cover
-                    sjd[name] = f"failed: {e!r}"
-                    ok = False
-                    break
-                times.append(time.time() - t1)
-                comps.append(float(out.stats.step_compression))
-                vocab.codes_from_ids(out.tokens.reshape(-1)[-vocab.num_image_tokens :])  # layout check
-            if ok:
-                sjd[name] = {
-                    "mean": round(float(np.mean(comps)), 3),
-                    "min": round(float(np.min(comps)), 3),
-                    "max": round(float(np.max(comps)), 3),
-                    "runs": len(comps),
-                    "mean_wall_s": round(float(np.mean(times)), 2),
-                }
-            print(name, sjd[name], flush=True)
-        res["sjd"] = sjd
+        ]
+    print(f"SJD measurements: verify={args.verify}, defaults cfg_scale {args.cfg_scale} temperature "
+          f"{args.temperature}", flush=True)
+    for name, kw in settings:
+        comps, times = [], []
+        for r in range(args.sjd_runs):
+            cap = CAPTIONS[r % len(CAPTIONS)]
+            t1 = time.time()
+            out = sample_tokens(demo.model, vocab.prompt_ids(cap), vocab.num_image_tokens, config=SamplerConfig(**kw),
+                                seed=r, uncond_prompt_ids=vocab.uncond_prompt_ids(), allowed_tokens=cons)
+            times.append(time.time() - t1)
+            comps.append(float(out.stats.step_compression))
+            vocab.codes_from_ids(out.tokens.reshape(-1)[-vocab.num_image_tokens :])  # layout check
+        sjd[name] = {
+            "mean": round(float(np.mean(comps)), 3),
+            "min": round(float(np.min(comps)), 3),
+            "max": round(float(np.max(comps)), 3),
+            "runs": len(comps),
+            "mean_wall_s": round(float(np.mean(times)), 2),
+        }
+        print(name, sjd[name], flush=True)
+    res["sjd"] = sjd
 
 
 @torch.no_grad()

@@ -38,6 +38,7 @@ from .runner import (
     run_summary,
     save_image,
     stream_generation,
+    ticket_value,
     tokens_identical,
 )
 from .view import (METHODS, compare_card, compare_summary_html, hints, message_md, model_info_html,
@@ -104,39 +105,47 @@ class SjdPacApp:
         self, model_choice: str, model_path: str, prompt: str, negative_prompt: str, resolution: Optional[str],
         seed: object, method: str, verify: str, cfg_scale: object, temperature: object, top_k: object,
         top_p: object, window: object, tree_depth: object, tree_width: object,
-        request: Optional[gr.Request] = None,
-    ) -> Tuple[str, bool]:
+        request: Optional[gr.Request] = None, kind: str = "generate",
+    ) -> Tuple[str, str, Any]:
         """Runs at once on a click, outside the queue: settings refused before any work (and
-        before waiting for another tab's run), and a stop flag for the run that will queue.
-        Outputs: message, ok."""
+        before waiting for another tab's run), and a ticket for the run that will queue (its
+        stop mark: see JobRegistry). Outputs: message, ticket ("" when refused), and the run's
+        status card saying it waits (unchanged while this session's run of the same kind goes on:
+        Gradio drops that click)."""
         try:
             settings = run_settings(defaults_of(self.manager.model), prompt, negative_prompt, resolution,
                                     seed, method, verify, cfg_scale, temperature, top_k, top_p, window,
                                     tree_depth, tree_width)
         except Exception as exc:
-            return message_md([friendly_error(exc)]), False
-        self.jobs.submit(session_key(request))
+            return message_md([friendly_error(exc)]), "", gr.skip()
         notes = pointless_setting_warnings(settings.config)
-        return message_md(notes=notes), True
+        if self.jobs.running(session_key(request), kind):
+            waiting: Any = gr.skip()
+        elif kind == "compare":
+            waiting = compare_summary_html({}, "", 0, "waiting")
+        else:
+            waiting = stats_html({"status": "waiting"})
+        return message_md(notes=notes), str(self.jobs.ticket()), waiting
 
     def check_compare(
         self, model_choice: str, model_path: str, prompt: str, negative_prompt: str, resolution: Optional[str],
         seed: object, method: str, verify: str, cfg_scale: object, temperature: object, top_k: object,
         top_p: object, window: object, tree_depth: object, tree_width: object, repeats: object,
         request: Optional[gr.Request] = None,
-    ) -> Tuple[str, bool]:
+    ) -> Tuple[str, str, Any]:
         """`check` for Compare: the same settings plus the repeat count."""
         try:
             check_repeats(repeats)
         except Exception as exc:
-            return message_md([friendly_error(exc)]), False
+            return message_md([friendly_error(exc)]), "", gr.skip()
         return self.check(model_choice, model_path, prompt, negative_prompt, resolution, seed, method, verify,
-                          cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, request=request)
+                          cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, request=request,
+                          kind="compare")
 
     @staticmethod
-    def gate(ok: bool) -> None:
+    def gate(ticket: str) -> None:
         """Ends the click's chain when `check` refused the settings (its message is shown)."""
-        if not ok:
+        if not ticket:
             raise gr.Error("settings refused", visible=False, print_exception=False)
 
     def stop(self, request: Optional[gr.Request] = None) -> None:
@@ -146,13 +155,13 @@ class SjdPacApp:
     def generate(
         self, model_choice: str, model_path: str, prompt: str, negative_prompt: str, resolution: Optional[str],
         seed: object, method: str, verify: str, cfg_scale: object, temperature: object, top_k: object,
-        top_p: object, window: object, tree_depth: object, tree_width: object,
+        top_p: object, window: object, tree_depth: object, tree_width: object, ticket: object = None,
         request: Optional[gr.Request] = None,
     ) -> Iterator[tuple]:
         """One image, streamed. Outputs: tabs, image, download, per-pass chart, histogram, stats,
-        message, JSON."""
+        message, JSON. `ticket`: the click's, from `check` (none from the API)."""
         key = session_key(request)
-        stop = self.jobs.begin(key)
+        stop = self.jobs.begin(key, ticket_value(ticket), "generate")
         try:
             if stop.is_set():
                 yield self._status_outputs(True, "stopped", notes=[
@@ -179,13 +188,13 @@ class SjdPacApp:
         self, model_choice: str, model_path: str, prompt: str, negative_prompt: str, resolution: Optional[str],
         seed: object, method: str, verify: str, cfg_scale: object, temperature: object, top_k: object,
         top_p: object, window: object, tree_depth: object, tree_width: object, repeats: object = DEFAULT_REPEATS,
-        request: Optional[gr.Request] = None,
+        ticket: object = None, request: Optional[gr.Request] = None,
     ) -> Iterator[tuple]:
         """AR, SJD and SJD-PAC with the same prompt and seed (`method` is ignored), `repeats`
         times interleaved (AR, SJD, SJD-PAC, AR, ...) so that the speedup, a ratio of median wall
         times, is not one noisy measurement. Outputs: tabs, 3 images, 3 cards, summary, message, JSON."""
         key = session_key(request)
-        stop = self.jobs.begin(key)
+        stop = self.jobs.begin(key, ticket_value(ticket), "compare")
         try:
             if stop.is_set():
                 yield self._compare_outputs({m: {"status": "skipped"} for m in METHODS}, [gr.skip()] * 3, "stopped",

@@ -286,15 +286,21 @@ def build(app: Any) -> gr.Blocks:
         # A click is checked at once (outside the queue), then waits its turn for the sampler.
         # preprocess=False everywhere: the values are plain numbers and strings, and our check
         # (not the sliders' current tops) decides, with a sentence that names the fix.
-        ok = gr.State(False)
-        gen_check = gen_btn.click(app.check, gen_inputs, [message, ok], preprocess=False, **instant)
-        gen_check.success(app.gate, ok, None, **instant).success(
-            app.generate, gen_inputs, [tabs, preview, download, pass_chart, hist_chart, stats, message,
-                                        run_json],
+        # The click's ticket (JobRegistry) travels to its run in a hidden field, not a gr.State:
+        # a page with a State holds a heartbeat connection open for its whole life, and browsers
+        # allow six connections per host, so six open tabs would leave none for Stop.
+        gen_ticket = gr.Textbox("", visible=False, elem_id="generate-ticket")
+        cmp_ticket = gr.Textbox("", visible=False, elem_id="compare-ticket")
+        gen_check = gen_btn.click(app.check, gen_inputs, [message, gen_ticket, stats], preprocess=False,
+                                  **instant)
+        gen_check.success(app.gate, gen_ticket, None, preprocess=False, **instant).success(
+            app.generate, [*gen_inputs, gen_ticket],
+            [tabs, preview, download, pass_chart, hist_chart, stats, message, run_json],
             api_name="generate", preprocess=False, **common)
-        cmp_check = cmp_btn.click(app.check_compare, cmp_inputs, [message, ok], preprocess=False, **instant)
-        cmp_check.success(app.gate, ok, None, **instant).success(
-            app.compare, cmp_inputs, [tabs, *cmp_images, *cmp_cards, cmp_summary, message, cmp_json],
+        cmp_check = cmp_btn.click(app.check_compare, cmp_inputs, [message, cmp_ticket, cmp_summary],
+                                  preprocess=False, **instant)
+        cmp_check.success(app.gate, cmp_ticket, None, preprocess=False, **instant).success(
+            app.compare, [*cmp_inputs, cmp_ticket], [tabs, *cmp_images, *cmp_cards, cmp_summary, message, cmp_json],
             api_name="compare", preprocess=False, **common)
         # Not queued: Stop must act while the sampler's slot is busy and on queued runs.
         stop_btn.click(app.stop, None, None, api_name="stop", queue=False, show_progress="hidden")

@@ -16,7 +16,7 @@ from .runner import METHOD_LABELS, device_label, prompt_words, run_threads
 
 METHODS: Tuple[str, ...] = ("ar", "sjd", "sjd_pac")
 STATUS_LABELS = {
-    "idle": "Ready", "loading": "Loading model", "progress": "Running", "finished": "Finished",
+    "idle": "Ready", "waiting": "Waiting", "loading": "Loading model", "progress": "Running", "finished": "Finished",
     "stopped": "Stopped", "failed": "Failed", "skipped": "Not run",
 }
 
@@ -96,7 +96,8 @@ def stats_html(summary: Dict[str, Any]) -> str:
                 f'{f"<div class=sub>{sub}</div>" if sub else ""}</div>')
 
     cards = [
-        card("Status", STATUS_LABELS.get(status, status.title()), method, cls="status"),
+        card("Status", STATUS_LABELS.get(status, status.title()),
+             "in the queue for the sampler" if status == "waiting" else method, cls="status"),
         card("Tokens", f"{done} / {total}" if total else "–",
              extra=f'<div class="track"><div class="fill" style="width:{pct:.1f}%"></div></div>'),
         card("Forward passes", str(passes) if passes is not None else "–",
@@ -178,6 +179,8 @@ def compare_card(method: str, summary: Optional[Dict[str, Any]]) -> str:
 
 def compare_summary_html(summaries: Dict[str, Dict[str, Any]], verify: str, seed: int, status: str,
                          repeats: int = 1) -> str:
+    if status == "waiting":
+        return f'<div data-status="{status}">Waiting in the queue for the sampler…</div>'
     if status != "finished":
         return f'<div data-status="{status}"></div>'
     parts = []

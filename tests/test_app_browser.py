@@ -259,3 +259,32 @@ def test_phone_layout_has_results_near_the_button_no_overflow_and_readable_hints
             page.screenshot(path=target, full_page=False)
     finally:
         page.close()
+
+
+# --- a Generate pressed during a run, then Stop: the next Generate runs ------------------------
+
+def test_generate_pressed_during_a_run_leaves_no_stop_behind(served_app, browser):  # noqa: F811
+    """Gradio drops a second click of a running event; the stop of a later Stop must not wait for
+    a run that was never queued, so the Generate after that Stop runs to the end."""
+    _, url = served_app
+    page = open_page(browser, url)
+    try:
+        page.get_by_label("AR", exact=True).check()  # one token per pass: the longest run
+        page.click("#generate-btn")
+        wait_status(page, "progress")
+        page.click("#generate-btn")  # dropped by Gradio: the run is still going
+        page.focus("#prompt textarea")
+        page.keyboard.press("Control+Enter")  # dropped too
+        page.wait_for_timeout(300)
+        page.click("#stop-btn")
+        assert wait_status(page, "stopped") == "stopped"
+        page.get_by_label("SJD-PAC", exact=True).check()
+        page.click("#generate-btn")
+        page.wait_for_function(
+            "() => document.querySelector('#run-stats [data-status=finished]')"
+            " || document.querySelector('#message').innerText.includes('before it started')",
+            timeout=RUN_TIMEOUT)
+        assert "before it started" not in page.inner_text("#message")
+        assert status(page) == "finished"
+    finally:
+        page.close()

@@ -288,3 +288,47 @@ def test_generate_pressed_during_a_run_leaves_no_stop_behind(served_app, browser
         assert status(page) == "finished"
     finally:
         page.close()
+
+
+# --- six tabs on one browser: Stop still reaches the server, a sixth tab still loads ------------
+
+@pytest.mark.slow
+def test_stop_works_and_a_sixth_tab_loads_with_five_tabs_busy(served_app, browser):  # noqa: F811
+    """Browsers open at most six connections per host (HTTP/1.1) for all tabs of a profile
+    together. An idle tab holds none (no heartbeat stream), a waiting or running one holds one
+    (its queue stream): with five tabs busy, a sixth loads and Stop is answered at once."""
+    _, url = served_app
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    try:
+        pages = []
+        for _ in range(5):
+            page = context.new_page()
+            page.goto(url, wait_until="domcontentloaded")
+            page.wait_for_selector("#run-stats [data-status='idle']", timeout=60_000)
+            pages.append(page)
+        busy, waiting = pages[0], pages[1:]
+        busy.get_by_role("tab", name="Compare").click()
+        set_number(busy, "#compare-repeats input", "10")
+        busy.click("#compare-btn")
+        busy.wait_for_selector("#compare-card-ar [data-status='progress']", timeout=RUN_TIMEOUT)
+        for page in waiting:  # four runs queue behind it, each tab holding its queue stream
+            page.click("#generate-btn")
+            page.wait_for_selector("#run-stats [data-status='waiting']", timeout=10_000)
+            assert "Waiting" in page.inner_text("#run-stats .status")  # not "Ready"
+
+        sixth = context.new_page()
+        sixth.goto(url, wait_until="domcontentloaded", timeout=30_000)
+        sixth.wait_for_selector("#run-stats [data-status='idle']", timeout=30_000)
+
+        for page in waiting:  # Stop in every waiting tab: each run starts stopped, never runs
+            page.click("#stop-btn")
+        busy.click("#stop-btn")
+        busy.wait_for_selector("#compare-summary [data-status='stopped']", state="attached", timeout=30_000)
+        for page in waiting:
+            page.wait_for_function("() => document.querySelector('#message').innerText.includes('before it started')",
+                                   timeout=RUN_TIMEOUT)
+            assert page.get_attribute("#run-stats [data-status]", "data-passes") == ""
+        sixth.click("#generate-btn")  # and the sixth tab runs
+        assert wait_status(sixth, "finished") == "finished"
+    finally:
+        context.close()

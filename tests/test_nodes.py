@@ -509,6 +509,43 @@ def fake_comfyui(monkeypatch, tmp_path, bridge):
     return state, mm, fp
 
 
+def test_two_copies_of_the_pack_still_start_the_server(fake_comfyui, tmp_path, monkeypatch):
+    """A git clone `sjd-pac-main` next to a Manager install `sjd-pac`: both folders load (as
+    ComfyUI's load_custom_node imports them, under their folder names), each adds its routes to
+    the PromptServer's table, and the server starts: aiohttp refuses a second GET (HEAD) route on
+    one path, so the route is added once per process. Real aiohttp: its app, router and server."""
+    web = pytest.importorskip("aiohttp.web")
+    from aiohttp.test_utils import TestClient, TestServer
+
+    routes = web.RouteTableDef()  # PromptServer.instance.routes
+    app = web.Application()
+    server = types.ModuleType("server")
+    server.PromptServer = types.SimpleNamespace(instance=types.SimpleNamespace(routes=routes, app=app))
+    monkeypatch.setitem(sys.modules, "server", server)
+    custom_nodes = tmp_path / "custom_nodes"
+    custom_nodes.mkdir()
+    for folder in ("sjd-pac", "sjd-pac-main"):
+        (custom_nodes / folder).symlink_to(REPO, target_is_directory=True)
+        spec = importlib.util.spec_from_file_location(
+            folder, custom_nodes / folder / "__init__.py", submodule_search_locations=[str(custom_nodes / folder)])
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, folder, module)
+        spec.loader.exec_module(module)
+        assert set(module.NODE_CLASS_MAPPINGS) == set(OUR_NODES)
+    ours = [r for r in routes if getattr(r, "path", "").startswith("/sjd_pac/")]
+    assert [(r.method, r.path) for r in ours] == [("GET", "/sjd_pac/resolutions")]
+    app.add_routes(routes)  # what PromptServer.add_routes does at start-up; raised before
+
+    async def ask() -> dict:
+        async with TestClient(TestServer(app)) as client:
+            response = await client.get("/sjd_pac/resolutions", params={"model": "janus-pro-7b"})
+            assert response.status == 200
+            return await response.json()
+
+    import asyncio
+    assert asyncio.run(ask())["model"] == "janus-pro-7b"  # answered by the one route
+
+
 def test_bridge_inside_comfyui(bridge, fake_comfyui, tmp_path):
     state, mm, fp = fake_comfyui
     bridge.reset_hooks()
@@ -634,7 +671,7 @@ def test_resolutions_route_is_added_only_inside_comfyui(pack, bridge, model_setu
     assert bridge.register_routes(lookup) is False  # plain Python: nothing to register with
     added = {}
 
-    class Routes:
+    class Routes(list):
         def get(self, path):
             def add(handler):
                 added[path] = handler

@@ -78,7 +78,7 @@ KNOBS: Dict[str, Tuple[Any, dict]] = {
         "default": MODEL_DEFAULT, "min": -1, "max": MAX_WINDOW, "step": 1,
         "tooltip": "Window L: draft tokens verified per forward pass (sjd, sjd_pac). "
                    f"{_FROM_MODEL} (demo 12, the others {_BASE.window}); 0 = auto (chosen every pass from measured "
-                   "costs and acceptance). Usual 16-64; L = 1 cannot beat ar. Ignored by ar.",
+                   "costs and acceptance). Usual 16-64; L = 1 commits at most 2 tokens per pass. Ignored by ar.",
     }),
     "tree_depth": ("INT", {
         "default": MODEL_DEFAULT, "min": -1, "max": TREE_DEPTH_MAX, "step": 1,

@@ -29,7 +29,7 @@ def hints(d: sp.FamilyDefaults) -> Dict[str, str]:
         "top_k": f"0 = off; this model's default {d.top_k or 0}",
         "top_p": f"1 = off; this model's default {d.top_p or 1:g}",
         "window": f"L: draft tokens verified per forward pass; 'auto' picks L from measured speed; "
-                  f"this model's default {d.window}. L = 1 cannot beat AR.",
+                  f"this model's default {d.window}. L = 1 commits at most 2 tokens per pass.",
         "tree_depth": f"SJD-PAC's drafting tree after a rejection (1 = none): K + K^2 + ... + K^(D-1) tokens, "
                  f"so the cost grows as K^(D-1); at most {MAX_TREE_NODES}, so the top of D follows K; "
                  f"this model's default {d.tree_depth}",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator, List, Optional
 
 # Only light modules at import time: config and settings import neither torch nor transformers.
+from . import arguments
 from .config import ConfigError
 from .demo import EXAMPLE_PROMPT
 from .images import MAX_UPSCALE, UPSCALE_FILTERS
@@ -87,33 +88,12 @@ def check_device(name: str, flag: str = "--device") -> str:
 
 
 # --- argument types (argparse turns their errors into one usage line) ----------------------------
-def _window_arg(text: str):
-    try:
-        return window_value(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _int_at_least(low: int, high: Optional[int] = None):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
-        return value
-
-    return parse
-
-
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     """The sampler's flags: each is its SamplerConfig field with dashes (settings.flag), and lands
     in `args` under the field's name."""
     g = p.add_argument_group("sampler (defaults: the model family's recommended settings)")
     g.add_argument(flag("method"), choices=["ar", "sjd", "sjd_pac"], default="sjd_pac")
-    g.add_argument(flag("window"), "-L", type=_window_arg, default=None,
+    g.add_argument(flag("window"), "-L", type=arguments.window, default=None,
                    help="draft window L (1-1024), or 'auto' (chosen from measured costs and acceptance)")
     g.add_argument(flag("tree_depth"), "-D", type=int, default=None,
                    help="PD tree depth D (counts the root); the tree's cost grows as K^(D-1)")
@@ -258,16 +238,16 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     gen.add_argument("--resolution", default=None,
                      help="WxH, one of the sizes the model was trained for (default: its own; a wrong one lists them)")
     gen.add_argument("--seed", type=int, default=0, help="0 to 2^64-1; -1 picks a random one (printed)")
-    gen.add_argument("--batch-size", type=_int_at_least(1, 64), default=1)
+    gen.add_argument("--batch-size", type=arguments.whole(1, 64), default=1)
     gen.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     gen.add_argument("--device", default="auto", help=DEVICE_NAMES)
     gen.add_argument("--quantize", default="none", choices=["none", "int8", "4bit", "auto"],
                      help="weight-only quantization of the decoder layers (auto: the most precise that fits; "
                           'needs pip install "sjd-pac[quant]")')
-    gen.add_argument("--threads", type=_int_at_least(0), default=0,
+    gen.add_argument("--threads", type=arguments.threads(), default=0,
                      help="torch CPU threads (0 = chosen for the model's size: 1 for small models such as "
                           "the demo, torch's default for large ones)")
-    gen.add_argument("--upscale", type=_int_at_least(1, MAX_UPSCALE), default=1,
+    gen.add_argument("--upscale", type=arguments.whole(1, MAX_UPSCALE), default=1,
                      help=f"upscale the saved image by this factor (1-{MAX_UPSCALE}; the demo's 64 px -> 8 "
                           "gives 512 px)")
     gen.add_argument("--upscale-filter", choices=list(UPSCALE_FILTERS), default="nearest",

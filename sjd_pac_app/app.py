@@ -17,6 +17,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import gradio as gr
 
 import sjd_pac_core as sp
+from sjd_pac_core.files import FileSaveError
 from sjd_pac_core.settings import RECORD_PNG_KEY, pointless_setting_warnings
 
 from . import layout, plots
@@ -289,11 +290,17 @@ class SjdPacApp:
             summary["error"] = errors[0]
             gr.Warning(errors[0])
         elif update.kind == "finished":
-            path = save_image(update.result.images[0], record, self.output_dir)
-            summary["file"] = path.name
-            download = str(path)
             notes.insert(0, f"Seed {record['seed']}{' (random)' if record['random_seed'] else ''}: "
                             "enter it as the seed to get this picture again.")
+            try:
+                kept = save_image(update.result.images[0], record, self.output_dir)
+            except FileSaveError as exc:  # the picture stays on the page; only the download is missing
+                errors.append(f"The picture is shown above but its download could not be saved: {exc}.")
+            else:
+                summary["file"] = kept.path.name
+                download = str(kept.path)
+                if kept.moved:
+                    notes.append(kept.note)
         stats = update.stats
         method = stats.method if stats else "sjd_pac"
         lengths = stats.accept_lengths if stats else []

@@ -7,6 +7,7 @@ Kept free of gradio so it can be tested (and reused) on its own; app.py only ren
 from __future__ import annotations
 
 import gc
+import io
 import itertools
 import json
 import queue
@@ -22,6 +23,7 @@ from PIL import Image, PngImagePlugin
 
 import sjd_pac_core as sp
 from sjd_pac_core.config import ConfigError, SamplerConfig, tree_node_count
+from sjd_pac_core.files import Kept, keep
 from sjd_pac_core.settings import RECORD_PNG_KEY, config_from_settings, run_record, seed_value, whole_number
 from sjd_pac_core.threads import threads_for, torch_threads
 from sjd_pac_core.models.loader import detect_family, read_config, resolve_device, resolve_folder
@@ -527,16 +529,21 @@ def image_file_name(prompt: str, seed: int, method: str) -> str:
     return f"{slug}_seed-{seed}_{method}.png"
 
 
-def save_image(image: Image.Image, record: dict, folder: Union[str, Path]) -> Path:
+def save_image(image: Image.Image, record: dict, folder: Union[str, Path]) -> Kept:
     """Write the upscaled picture as a PNG whose text chunk "sjd_pac" holds the run record
-    (prompt, seed and every knob) as JSON, named after prompt and seed."""
-    keep = upscale_to_keep(image)
+    (prompt, seed and every knob) as JSON, named after prompt and seed; whole or not at all, and
+    in the temp dir when `folder` cannot take it (Kept.note says so; FileSaveError if neither can)."""
+    keep_image = upscale_to_keep(image)
     info = PngImagePlugin.PngInfo()
     info.add_text(RECORD_PNG_KEY, json.dumps(record, sort_keys=True))
     info.add_text("parameters", f"{record.get('prompt', '')}\nSeed: {record.get('seed')}, "
                                 f"Sampler: {record.get('method')} ({record.get('verify')})")
     path = Path(folder) / image_file_name(str(record.get("prompt", "")), int(record.get("seed", 0)),
                                           str(record.get("method", "image")))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    keep.save(path, format="PNG", pnginfo=info)
-    return path
+    buffer = io.BytesIO()
+    keep_image.save(buffer, format="PNG", pnginfo=info)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # keep() then writes it to the temp dir and says so
+    return keep(path, buffer.getvalue())

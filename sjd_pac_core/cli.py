@@ -20,6 +20,7 @@ from typing import Iterator, List, Optional
 # Only light modules at import time: config and settings import neither torch nor transformers.
 from . import arguments
 from .config import ConfigError
+from .files import FileSaveError, check_file_name, interrupts_deferred, keep
 from .demo import EXAMPLE_PROMPT
 from .images import MAX_UPSCALE, UPSCALE_FILTERS
 from .settings import RECORD_PNG_KEY, SETTINGS, config_from_settings, flag, seed_value, window_value
@@ -66,6 +67,7 @@ def image_extensions() -> List[str]:
 def check_image_path(path: str, flag: str = "--output") -> Path:
     """An image file path that can be written: not a folder, a known extension, a writable folder."""
     out = Path(path).expanduser()
+    check_file_name(out, flag)  # before any look at the path: a name too long makes stat() fail
     if path.endswith(("/", os.sep)) or out.is_dir():
         raise ArgumentError(f"{flag} {path} is a folder; give a file name such as {out / 'out.png'}.")
     if not out.suffix:
@@ -138,6 +140,8 @@ def validate_generate_args(args: argparse.Namespace) -> None:
     seed_value(args.seed)  # -1 (random) or 0..2^64-1; generate_image draws a random one
     check_device(args.device)
     args.output = str(check_image_path(args.output))
+    for path in _output_paths(Path(args.output), args.batch_size):
+        check_file_name(path)  # with the batch's _N
 
 
 def check_demo_prompt(model: str, prompt: str) -> None:
@@ -148,18 +152,26 @@ def check_demo_prompt(model: str, prompt: str) -> None:
     check_prompt(prompt, WEIGHTS_DIR if model == "demo" else Path(model).expanduser())
 
 
-def save_with_settings(image, path: Path, record: dict) -> None:
-    """Save `image`; a PNG also carries the run record (prompt, seed, every knob) as JSON text."""
-    if path.suffix.lower() == ".png":
+def encode_with_settings(image, path: Path, record: dict) -> bytes:
+    """`image` in the format of `path`'s extension; a PNG also carries the run record (prompt, seed,
+    every knob) as JSON text."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    image_format = Image.registered_extensions()[path.suffix.lower()]
+    if image_format == "PNG":
         import json
 
         from PIL.PngImagePlugin import PngInfo
 
         info = PngInfo()
         info.add_text(RECORD_PNG_KEY, json.dumps(record))
-        image.save(path, pnginfo=info)
+        image.save(buffer, format=image_format, pnginfo=info)
     else:
-        image.save(path)
+        image.save(buffer, format=image_format)
+    return buffer.getvalue()
 
 
 def _output_paths(out: Path, count: int) -> List[Path]:
@@ -212,12 +224,20 @@ def _generate(args) -> int:
                                    callback=on_pass, batch_size=args.batch_size)
     bar.close()
     cpu_threads = threads_used if model.device.type == "cpu" else None
-    paths = _output_paths(Path(args.output), len(result.images))
-    for image, path, seed in zip(result.images, paths, result.image_seeds):  # each file reproduces its image
+    files = []
+    for image, path, seed in zip(result.images, _output_paths(Path(args.output), len(result.images)),
+                                 result.image_seeds):  # each file reproduces its image
         record = run_record(config, prompt=args.prompt, seed=seed, random_seed=seed_value(args.seed) is None,
                             negative_prompt=args.negative_prompt, resolution=result.encoding.resolution,
                             model=args.model, family=model.family, device=str(model.device), threads=cpu_threads)
-        save_with_settings(upscale(image, args.upscale, args.upscale_filter), path, record)
+        files.append((path, encode_with_settings(upscale(image, args.upscale, args.upscale_filter), path, record)))
+    paths = []
+    with interrupts_deferred():  # Ctrl-C now stops once every image made is written, none half-written
+        for path, data in files:
+            kept = keep(path, data)  # a full disk: the image goes to the temp dir, and we say where
+            if kept.moved:
+                print(f"warning: {kept.note}", file=sys.stderr)
+            paths.append(kept.path)
     print(f"settings: {settings_line(config, cpu_threads)}; seed {result.seed}")
     for stats in result.all_stats:
         print(f"{stats.method}: {stats.tokens_committed} tokens in {stats.forward_passes} forward passes = "
@@ -284,6 +304,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (ConfigError, ArgumentError, ValueError) as exc:  # ModelLoadError is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except FileSaveError as exc:
+        print(f"error: {exc}.", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -145,7 +145,9 @@ def test_saved_picture_is_large_named_and_reproducible(tmp_path, app_model):
 
     _, model = app_model
     record = settings_for(seed=42, method="sjd_pac").record(model, 42)
-    path = runner.save_image(Image.new("RGB", (64, 64), (200, 30, 30)), record, tmp_path)
+    kept = runner.save_image(Image.new("RGB", (64, 64), (200, 30, 30)), record, tmp_path)
+    path = kept.path
+    assert not kept.moved
     assert path.name == "a-red-circle-top-left-on-a-blue-background_seed-42_sjd_pac.png"
     with Image.open(path) as image:
         assert image.size == (512, 512)
@@ -520,3 +522,20 @@ def test_served_app_streams_stops_and_survives_errors(served_app, app_model):
     again = client.predict(*args_for(spec, model, method="sjd"), api_name="/generate")
     assert again[-1]["status"] == "finished"
     assert again[-1]["forward_passes"] == reference_stats(model, "sjd").forward_passes
+
+
+def test_a_download_that_cannot_be_saved_keeps_the_picture(app, app_model, full_folder, monkeypatch):
+    """A full disk under the download folder: the download goes to the temp dir (the page says
+    where); if that fails too, the picture stays on the page with one sentence, and the run ends
+    as finished."""
+    from sjd_pac_core import files
+
+    spec, model = app_model
+    app.output_dir = full_folder
+    final = list(app.generate(*args_for(spec, model, method="sjd")))[-1]
+    assert final[-1]["status"] == "finished" and "kept it as" in final[6]
+    assert Path(final[2]).is_file() and not Path(final[2]).is_relative_to(full_folder)
+    monkeypatch.setattr(files.tempfile, "mkdtemp", lambda prefix: str(full_folder))
+    final = list(app.generate(*args_for(spec, model, method="sjd")))[-1]
+    assert final[-1]["status"] == "finished" and final[1] is not None and final[1].size[0] >= 256
+    assert "its download could not be saved" in final[6] and "free some disk space" in final[6]

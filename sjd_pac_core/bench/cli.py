@@ -29,6 +29,7 @@ from ..settings import config_from_settings
 from .lossless import DEFAULT_CONTROL_TEMPERATURE
 from .methods import (DEFAULT_METHODS, PRESETS, RULE_VARIANTS, RULE_WINDOWS, MethodSpec, parse_methods, rule_grid,
                       with_rules)
+from .report import keep_all
 from .runner import load_prompts
 
 LOSSLESS_METHODS = "sjd-pac@64"
@@ -220,7 +221,7 @@ def _bench(args) -> int:
         data = json.loads(paths["json"].read_text())
         data["figures"] = figures
         data["locality"] = locality
-        paths["json"].write_text(json.dumps(data, indent=1, default=float))
+        paths.update(keep_all({"json": (paths["json"], json.dumps(data, indent=1, default=float))}))
     print(paths["markdown"].read_text())
     print(f"wrote {paths['json']}, {paths['markdown']}" + (f" and {len(figures)} figures" if figures else ""))
     return 0
@@ -283,11 +284,11 @@ def _numerics(args) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = measure_flips(args.model, prompts, seeds, methods, progress=not args.quiet)
-    (out / "numerics.json").write_text(json.dumps(result, indent=1, default=float))
     report = markdown_report(result)
-    (out / "numerics.md").write_text(report + "\n")
+    paths = keep_all({"json": (out / "numerics.json", json.dumps(result, indent=1, default=float)),
+                      "markdown": (out / "numerics.md", report + "\n")})
     print(report)
-    print(f"wrote {out / 'numerics.json'}, {out / 'numerics.md'}")
+    print(f"wrote {paths['json']}, {paths['markdown']}")
     return 0
 
 
@@ -315,11 +316,11 @@ def _lossless(args) -> int:
     torch.save(samples, out / "samples.pt")  # the sampled tokens, to rerun the tests offline
     if images:
         _image_pairs(images, out / "gumbel_pairs.png")
-    (out / "lossless.json").write_text(json.dumps(result, indent=1, default=float))
     report = markdown_report(result)
-    (out / "lossless.md").write_text(report + "\n")
+    paths = keep_all({"json": (out / "lossless.json", json.dumps(result, indent=1, default=float)),
+                      "markdown": (out / "lossless.md", report + "\n")})
     print(report)
-    print(f"wrote {out / 'lossless.json'}, {out / 'lossless.md'}, samples.pt" + (", gumbel_pairs.png" if images else ""))
+    print(f"wrote {paths['json']}, {paths['markdown']}, samples.pt" + (", gumbel_pairs.png" if images else ""))
     return 0 if result["passed"] else 1
 
 

@@ -8,7 +8,6 @@ runner.py runs a generation in a worker thread.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -18,7 +17,7 @@ import gradio as gr
 
 import sjd_pac_core as sp
 from sjd_pac_core.files import FileSaveError
-from sjd_pac_core.settings import RECORD_PNG_KEY, pointless_setting_warnings
+from sjd_pac_core.settings import pointless_setting_warnings
 
 from . import layout, plots
 from .runner import (
@@ -34,6 +33,7 @@ from .runner import (
     defaults_of,
     free_memory,
     friendly_error,
+    png_text,
     prompt_words,
     run_settings,
     run_summary,
@@ -259,7 +259,7 @@ class SjdPacApp:
     def _image_for(self, model: sp.ARImageModel, update: Update, record: dict) -> Any:
         if update.result is not None:
             image = plots.upscale_for_display(update.result.images[0])
-            image.info[RECORD_PNG_KEY] = json.dumps(record, sort_keys=True)  # gradio keeps PNG text chunks
+            image.info.update(png_text(record))  # Gradio's download button keeps PNG text chunks
             return image
         if update.progress is None:
             return gr.skip()

@@ -529,15 +529,25 @@ def image_file_name(prompt: str, seed: int, method: str) -> str:
     return f"{slug}_seed-{seed}_{method}.png"
 
 
+def png_text(record: dict) -> Dict[str, str]:
+    """The PNG text chunks of a picture the app hands out (its download and the images on the page,
+    which Gradio's own download button saves with their text chunks): "sjd_pac", the run record as
+    JSON, and "parameters", the line other image tools read."""
+    return {
+        RECORD_PNG_KEY: json.dumps(record, sort_keys=True),
+        "parameters": f"{record.get('prompt', '')}\nSeed: {record.get('seed')}, "
+                      f"Sampler: {record.get('method')} ({record.get('verify')})",
+    }
+
+
 def save_image(image: Image.Image, record: dict, folder: Union[str, Path]) -> Kept:
     """Write the upscaled picture as a PNG whose text chunk "sjd_pac" holds the run record
     (prompt, seed and every knob) as JSON, named after prompt and seed; whole or not at all, and
     in the temp dir when `folder` cannot take it (Kept.note says so; FileSaveError if neither can)."""
     keep_image = upscale_to_keep(image)
     info = PngImagePlugin.PngInfo()
-    info.add_text(RECORD_PNG_KEY, json.dumps(record, sort_keys=True))
-    info.add_text("parameters", f"{record.get('prompt', '')}\nSeed: {record.get('seed')}, "
-                                f"Sampler: {record.get('method')} ({record.get('verify')})")
+    for key, value in png_text(record).items():
+        info.add_text(key, value)
     path = Path(folder) / image_file_name(str(record.get("prompt", "")), int(record.get("seed", 0)),
                                           str(record.get("method", "image")))
     buffer = io.BytesIO()

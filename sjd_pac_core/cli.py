@@ -23,7 +23,7 @@ from .config import ConfigError
 from .files import FileSaveError, check_file_name, interrupts_deferred, keep
 from .demo import EXAMPLE_PROMPT
 from .images import MAX_UPSCALE, UPSCALE_FILTERS
-from .settings import RECORD_PNG_KEY, SETTINGS, config_from_settings, flag, seed_value, window_value
+from .settings import RECORD_PNG_KEY, SETTINGS, config_from_settings, flag, seed_value
 
 DEVICE_NAMES = "auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps"
 BENCH_COMMANDS = ("bench", "lossless")

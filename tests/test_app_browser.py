@@ -332,3 +332,114 @@ def test_stop_works_and_a_sixth_tab_loads_with_five_tabs_busy(served_app, browse
         assert wait_status(sixth, "finished") == "finished"
     finally:
         context.close()
+
+
+# --- accessibility: contrast of every text, names of images and controls --------------------------
+
+TEXT_CONTRAST_JS = """() => {
+  const parse = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+                                return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
+  const background = (el) => { for (let e = el; e; e = e.parentElement) {
+      const c = parse(getComputedStyle(e).backgroundColor); if (c.length >= 3 && (c.length < 4 || c[3] > 0.5)) return c; }
+    return [255, 255, 255]; };
+  const low = [];
+  let checked = 0;
+  for (const e of document.querySelectorAll('.gradio-container *')) {
+    const own = [...e.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
+    if (!own || !e.offsetParent || e.closest('[disabled], footer')) continue;
+    checked += 1;
+    const a = lum(parse(getComputedStyle(e).color)), b = lum(background(e));
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    if (ratio < 4.5) low.push([e.textContent.trim().slice(0, 30), ratio.toFixed(2)]);
+  }
+  return {checked, low};
+}"""
+
+
+def unnamed_controls(page) -> list:
+    """Buttons and links in the accessibility tree Chromium computes that have no name (a toolbar
+    button with only an icon, an image-wrapping button whose image has no alt text)."""
+    cdp = page.context.new_cdp_session(page)
+    try:
+        nodes = cdp.send("Accessibility.getFullAXTree")["nodes"]
+    finally:
+        cdp.detach()
+    bad = []
+    for node in nodes:
+        role = node.get("role", {}).get("value")
+        if node.get("ignored") or role not in ("button", "link"):
+            continue
+        if not str(node.get("name", {}).get("value", "")).strip():
+            html = cdp_html(page, node.get("backendDOMNodeId"))
+            bad.append((role, html))
+    return bad
+
+
+def cdp_html(page, backend_id) -> str:
+    cdp = page.context.new_cdp_session(page)
+    try:
+        obj = cdp.send("DOM.resolveNode", {"backendNodeId": backend_id})["object"]
+        out = cdp.send("Runtime.callFunctionOn", {"objectId": obj["objectId"], "returnByValue": True,
+                                                  "functionDeclaration": "function() { return (this.parentElement ? this.parentElement.outerHTML : this.outerHTML).slice(0, 300); }"})
+        return out["result"].get("value", "")
+    finally:
+        cdp.detach()
+
+
+def test_every_text_meets_wcag_aa_and_every_control_has_a_name(served_app, browser):  # noqa: F811
+    _, url = served_app
+    page = open_page(browser, url)
+    try:
+        page.get_by_label(GUMBEL).check()
+        page.click("#generate-btn")
+        assert wait_status(page, "finished") == "finished"
+        page.hover("#preview-image")  # its toolbar shows
+        for tab in ("Live", "Compare"):
+            page.get_by_role("tab", name=tab).click()
+            measured = page.evaluate(TEXT_CONTRAST_JS)
+            assert measured["checked"] > 40 and measured["low"] == [], (tab, measured["low"])
+            page.hover("#generate-btn")  # the button's hover colour too
+            hovered = page.evaluate(TEXT_CONTRAST_JS)["low"]
+            assert hovered == [], (tab, hovered)
+            assert unnamed_controls(page) == [], tab
+        alts = page.eval_on_selector_all("img", "els => els.map(e => [e.alt, (e.closest('[id]') || {}).id])")
+        assert all(alt.strip() for alt, _ in alts), alts  # Gradio's footer icons included
+        ours = [alt for alt, where in alts if where and where.startswith(("preview", "hist", "pass", "compare"))]
+        assert len(ours) == 6 and all(len(alt) > 20 for alt in ours), ours
+    finally:
+        page.close()
+
+
+# --- Gradio's own download button: the picture keeps its settings --------------------------------
+
+def test_the_image_download_buttons_keep_the_run_record(served_app, browser, tmp_path):  # noqa: F811
+    from PIL import Image
+
+    _, url = served_app
+    page = open_page(browser, url)
+    try:
+        page.get_by_label(GUMBEL).check()
+        page.click("#generate-btn")
+        assert wait_status(page, "finished") == "finished"
+        seed = int(page.inner_text("#run-stats .run-line").split("Seed ", 1)[1].split(" ", 1)[0])
+
+        def download(selector: str) -> dict:
+            page.hover(selector)
+            with page.expect_download() as info:
+                page.locator(f"{selector} button[aria-label='Download']").first.click()
+            with Image.open(info.value.path()) as image:
+                return {"record": json.loads(image.text["sjd_pac"]), "parameters": image.text["parameters"]}
+
+        preview = download("#preview-image")
+        assert preview["record"]["seed"] == seed and preview["record"]["prompt"] == page.input_value("#prompt textarea")
+        assert f"Seed: {seed}" in preview["parameters"]
+        page.get_by_role("tab", name="Compare").click()
+        set_number(page, "#compare-repeats input", "1")
+        page.click("#compare-btn")
+        page.wait_for_selector("#compare-summary [data-status='finished']", timeout=3 * RUN_TIMEOUT)
+        for method in ("ar", "sjd_pac"):
+            saved = download(f"#compare-image-{method}")
+            assert saved["record"]["method"] == method and saved["record"]["verify"] == "gumbel"
+    finally:
+        page.close()

@@ -278,6 +278,8 @@ class SJDPACSampler:
         "preview and a chart of tokens accepted per pass."
     )
     CATEGORY = "sjd-pac"
+    SEARCH_ALIASES = ["speculative decoding", "speculative jacobi decoding", "fast sampler", "lumina", "janus",
+                      "emu3", "autoregressive"]
     RETURN_TYPES = (AR_IMAGE_TOKENS, SJD_STATS)
     RETURN_NAMES = ("tokens", "stats")
     OUTPUT_TOOLTIPS = (
@@ -336,6 +338,8 @@ class SJDPACTextToImage:
         "window) and the chosen method. Use SJD-PAC Sampler for every knob."
     )
     CATEGORY = "sjd-pac"
+    SEARCH_ALIASES = ["speculative decoding", "fast sampler", "text to image", "lumina", "janus", "emu3",
+                      "autoregressive"]
     RETURN_TYPES = ("IMAGE", SJD_STATS)
     RETURN_NAMES = ("image", "stats")
     OUTPUT_TOOLTIPS = ("The generated image(s).", "Acceptance statistics; connect to SJD Stats.")

@@ -694,3 +694,37 @@ def test_resolutions_route_is_added_only_inside_comfyui(pack, bridge, model_setu
     request = types.SimpleNamespace(rel_url=types.SimpleNamespace(query={"model": "janus-pro-7b"}))
     assert asyncio.run(handler(request)) == ("json", {"model": "janus-pro-7b", "family": "janus",
                                                       "resolutions": ["384x384"]})
+
+
+# ComfyUI's node search (front end 1.27.10, the one ComfyUI 0.3.64 pins) matches the query's words
+# fuzzily against the class name and the display name, with Fuse.js's defaults (location 0,
+# distance 100, threshold 0.3): an exact word is found only within the first 30 characters of a
+# name. Newer front ends also search SEARCH_ALIASES. Checked in the real front end in Chromium.
+SEARCH_ROWS = [
+    ("speculative", {"SJDPACSampler", "SJDPACTextToImage", "SJDStats"}),
+    ("fast sampler", {"SJDPACSampler"}),
+    ("lumina", {"LoadARImageModel"}),
+    ("janus", {"LoadARImageModel"}),
+    ("emu3", {"LoadARImageModel"}),
+    ("sjd", set(OUR_NODES)),
+]
+
+
+def front_end_finds(query: str, name: str, display_name: str) -> bool:
+    """Every word of the query starts within the first 30 characters of the class or display name."""
+    def within(text: str, word: str) -> bool:
+        at = text.lower().find(word)
+        return 0 <= at <= 30
+    words = query.lower().split()
+    return any(all(within(text, w) for w in words) for text in (name, display_name))
+
+
+@pytest.mark.parametrize("query, expected", SEARCH_ROWS, ids=[q for q, _ in SEARCH_ROWS])
+def test_search_words_find_the_nodes(pack, query, expected):
+    found = {name for name in OUR_NODES
+             if front_end_finds(query, name, pack.NODE_DISPLAY_NAME_MAPPINGS[name])}
+    assert expected <= found, (query, found)
+    if query != "sjd":  # newer front ends: the aliases name the same nodes
+        aliased = {name for name in OUR_NODES
+                   if any(query in alias.lower() for alias in pack.NODE_CLASS_MAPPINGS[name].SEARCH_ALIASES)}
+        assert expected <= aliased, (query, aliased)

@@ -728,3 +728,34 @@ def test_search_words_find_the_nodes(pack, query, expected):
         aliased = {name for name in OUR_NODES
                    if any(query in alias.lower() for alias in pack.NODE_CLASS_MAPPINGS[name].SEARCH_ALIASES)}
         assert expected <= aliased, (query, aliased)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_stats_summary_is_laid_out_whole(pack, bridge, handle, tmp_path):
+    """The SJD Stats widget's layout (web/sjd_pac_chart.js) keeps every line of a real summary with a
+    warning and an AR baseline, at the width of a fresh node and of the workflows' node: nothing is
+    cut, the wall time and speedup lines are there, and the height fits them all."""
+    import json as _json
+
+    sampler, stats_node = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"](), pack.NODE_CLASS_MAPPINGS["SJDStats"]()
+    _, ar = sampler.sample(handle, **sampler_args(method="ar"))
+    _, stats = sampler.sample(handle, **sampler_args(window=1))
+    text = stats_node.report(stats, ar_baseline=ar)["ui"]["text"][0]
+    assert text.startswith("warning: window L = 1") and "speedup vs AR" in text and "wall time" in text
+    script = tmp_path / "layout.mjs"
+    script.write_text(
+        f'import {{ summaryLayout, SUMMARY_LINE_HEIGHT }} from "{REPO / "web" / "sjd_pac_chart.js"}";\n'
+        f'const text = {_json.dumps(text)};\n'
+        'const out = [246, 440].map(w => { const l = summaryLayout(text, w, 6.7);'
+        ' return {w, lines: l.lines, height: l.height, per: SUMMARY_LINE_HEIGHT}; });\n'
+        'console.log(JSON.stringify(out));\n')
+    out = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    words = text.split()
+    for layout in _json.loads(out.stdout):
+        lines = layout["lines"]
+        assert " ".join(" ".join(lines).split()) == " ".join(words)  # every word, in order, none cut
+        assert all(len(line) * 6.7 <= layout["w"] - 20 or " " not in line for line in lines)
+        assert layout["height"] == len(lines) * layout["per"] + 8
+        assert any(line.startswith("wall time") for line in lines) and any("speedup vs AR" in line for line in lines)
+        assert not any(line.endswith("...") for line in lines)

@@ -38,6 +38,7 @@ from .runner import (
     run_settings,
     run_summary,
     save_image,
+    slow_shape_notes,
     stream_generation,
     ticket_value,
     tokens_identical,
@@ -175,7 +176,8 @@ class SjdPacApp:
             if setup is None:
                 return
             model, settings, encoding = setup
-            warnings = pointless_setting_warnings(settings.config)
+            warnings = pointless_setting_warnings(settings.config) + slow_shape_notes(model, encoding,
+                                                                                     [settings.config])
             notes = [*warnings, *encoding.warnings]
             first = True
             for update in stream_generation(model, settings.prompt, settings.config, settings.seed, stop,
@@ -211,6 +213,8 @@ class SjdPacApp:
                 return
             model, settings, encoding = setup
             count = check_repeats(repeats)
+            encoding.warnings.extend(slow_shape_notes(model, encoding, [settings.config.with_(method=m)
+                                                                        for m in ("sjd", "sjd_pac")]))
             yield from self._compare_runs(model, settings, encoding, count, stop)
         finally:
             self.jobs.end(key, stop)

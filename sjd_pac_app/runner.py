@@ -24,6 +24,7 @@ from PIL import Image, PngImagePlugin
 import sjd_pac_core as sp
 from sjd_pac_core.config import ConfigError, SamplerConfig, tree_node_count
 from sjd_pac_core.files import Kept, keep
+from sjd_pac_core.pass_cost import slow_shape_warning
 from sjd_pac_core.settings import RECORD_PNG_KEY, config_from_settings, run_record, seed_value, whole_number
 from sjd_pac_core.threads import threads_for, torch_threads
 from sjd_pac_core.models.loader import detect_family, read_config, resolve_device, resolve_folder
@@ -250,6 +251,22 @@ def out_of_memory_message(config: Optional[SamplerConfig], device: Optional[torc
         return f"Out of memory in {where}: each forward pass verifies L = {window} draft tokens; lower L (32 or 'auto')."
     return (f"Out of memory in {where} with small passes (L = {config.window}, a {tree}-node tree): the model "
             "itself needs more memory; close other programs, use a smaller dtype or another device.")
+
+
+def slow_shape_notes(model: sp.ARImageModel, encoding: sp.PromptEncoding, configs: List[SamplerConfig]) -> List[str]:
+    """Before a run: a sentence for each of `configs` whose pass shape is expected to be slower than
+    AR on this device (pass_cost; the measurement is a few passes, once per shape). A measurement
+    that fails says nothing: the run itself then reports the problem."""
+    notes: List[str] = []
+    for config in configs:
+        try:
+            with torch_threads(threads_for(model)):  # timed as the run will run
+                note = slow_shape_warning(model, encoding, config)
+        except Exception:
+            note = None
+        if note and note not in notes:
+            notes.append(f"{METHOD_LABELS[config.method]}: {note}")
+    return notes
 
 
 # --- stopping ----------------------------------------------------------------------------------

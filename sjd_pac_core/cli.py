@@ -197,6 +197,7 @@ def _generate(args) -> int:
     from tqdm import tqdm
 
     from .images import upscale
+    from .pass_cost import slow_shape_warning
     from .settings import pointless_setting_warnings, run_record, settings_line
     from .threads import threads_for, torch_threads
 
@@ -205,7 +206,8 @@ def _generate(args) -> int:
     if model.memory_plan is not None and not args.quiet:
         print(model.memory_plan.one_line(model.quantize), file=sys.stderr)
     config = _config_from_args(args, model.defaults)
-    encoding_tokens = model.encode_prompt(args.prompt, args.negative_prompt, args.resolution).layout.num_tokens
+    encoding = model.encode_prompt(args.prompt, args.negative_prompt, args.resolution)
+    encoding_tokens = encoding.layout.num_tokens
     bar = tqdm(total=encoding_tokens * args.batch_size, unit="tok", desc=config.method, disable=args.quiet)
 
     def on_pass(progress: sp.Progress) -> None:
@@ -219,6 +221,9 @@ def _generate(args) -> int:
         warnings.showwarning = lambda message, *_, **__: print(f"warning: {message}", file=sys.stderr)
         for message in pointless_setting_warnings(config):
             warnings.warn(message)
+        slow = slow_shape_warning(model, encoding, config)  # a few timed passes, before the run
+        if slow:
+            warnings.warn(slow)
         result = sp.generate_image(model, args.prompt, config=config, seed=args.seed,
                                    negative_prompt=args.negative_prompt, resolution=args.resolution,
                                    callback=on_pass, batch_size=args.batch_size)

@@ -1,4 +1,4 @@
-"""Command line: `sjd-pac generate` (one image) and `sjd-pac bench` (the benchmark).
+"""Command line: `sjd-pac generate` (one image), `sjd-pac batch` (many) and `sjd-pac bench` (the benchmark).
 
 Every argument, the output path included, is parsed and checked before torch is imported or a
 model is loaded: `--help` and a mistyped flag answer at once, and a run never fails at its end
@@ -22,8 +22,8 @@ from . import arguments
 from .config import ConfigError
 from .files import FileSaveError, check_file_name, interrupts_deferred, keep
 from .demo import EXAMPLE_PROMPT
-from .images import MAX_UPSCALE, UPSCALE_FILTERS
-from .settings import RECORD_PNG_KEY, SETTINGS, config_from_settings, flag, seed_value
+from .images import MAX_UPSCALE, UPSCALE_FILTERS, png_bytes
+from .settings import SETTINGS, config_from_settings, flag, seed_value
 
 DEVICE_NAMES = "auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps"
 BENCH_COMMANDS = ("bench", "lossless")
@@ -159,18 +159,11 @@ def encode_with_settings(image, path: Path, record: dict) -> bytes:
 
     from PIL import Image
 
-    buffer = io.BytesIO()
     image_format = Image.registered_extensions()[path.suffix.lower()]
     if image_format == "PNG":
-        import json
-
-        from PIL.PngImagePlugin import PngInfo
-
-        info = PngInfo()
-        info.add_text(RECORD_PNG_KEY, json.dumps(record))
-        image.save(buffer, format=image_format, pnginfo=info)
-    else:
-        image.save(buffer, format=image_format)
+        return png_bytes(image, record)
+    buffer = io.BytesIO()
+    image.save(buffer, format=image_format)
     return buffer.getvalue()
 
 
@@ -280,6 +273,11 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     gen.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_sampler_args(gen)
     gen.set_defaults(func=_generate, validate=validate_generate_args)
+
+    from .batch.cli import add_batch_parser  # light, like generate: its checks run before torch
+
+    add_batch_parser(sub, check_writable_folder=check_writable_folder, check_device=check_device,
+                     check_demo_prompt=check_demo_prompt, quiet_loading=_no_transformers_bars)
 
     # The benchmark's parser imports torch: build it only when its command is asked for, so that
     # `sjd-pac --help` and `sjd-pac generate` start without it.

@@ -31,12 +31,17 @@ class ImageResult:
         return [image_seed(self.seed, i) for i in range(len(self.images))]
 
 
+def _short_repr(value: object, limit: int = 40) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def generate_image(
     model: ARImageModel,
     prompt: str,
     config: Optional[SamplerConfig] = None,
     seed: Optional[int] = 0,
-    negative_prompt: str = "",
+    negative_prompt: Optional[str] = "",
     resolution: Optional[str] = None,
     callback: Optional[Callback] = None,
     batch_size: int = 1,
@@ -45,11 +50,25 @@ def generate_image(
 
     seed: 0 .. 2**64-1, or None or -1 for a fresh random one, reported in the result
         (sampling/seeds.py: the one meaning of every value; front ends pass the user's value here).
+    prompt, negative_prompt: text (str); a negative prompt of None means none. Anything else is
+        a ConfigError before any work.
 
     config: None takes the family's recommended settings (model.defaults).
     callback: called after every forward pass with a Progress (see sample_tokens); raise
         GenerationCancelled in it to stop.
     """
+    if not isinstance(model, ARImageModel):
+        raise ConfigError(
+            f"model must be a model from sjd_pac_core.load_model, got {type(model).__name__}; load one with "
+            "load_model(path) (or load_model('demo'))."
+        )
+    for name, text in (("prompt", prompt), ("negative_prompt", negative_prompt)):
+        if not isinstance(text, str) and not (name == "negative_prompt" and text is None):
+            raise ConfigError(
+                f"{name} must be text (a str), got {_short_repr(text)} of type {type(text).__name__}; pass "
+                f"the words {'that describe the image' if name == 'prompt' else 'to steer away from'} ('' for none)."
+            )
+    negative_prompt = negative_prompt or ""  # None means none
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
     seed = resolve_seed(seed)

@@ -6,7 +6,12 @@ the token grid's sharp pixels; Lanczos smooths them.
 
 from __future__ import annotations
 
+import io
+import json
+
 from PIL import Image
+
+from .settings import RECORD_PNG_KEY
 
 UPSCALE_FILTERS = ("nearest", "lanczos")
 MAX_UPSCALE = 16
@@ -34,3 +39,14 @@ def upscale(image: Image.Image, factor: int, method: str = "nearest") -> Image.I
         return image
     resample = Image.Resampling.NEAREST if method == "nearest" else Image.Resampling.LANCZOS
     return image.resize((image.width * factor, image.height * factor), resample=resample)
+
+
+def png_bytes(image: Image.Image, record: dict) -> bytes:
+    """`image` as PNG bytes whose RECORD_PNG_KEY text chunk holds the run record as JSON."""
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text(RECORD_PNG_KEY, json.dumps(record))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", pnginfo=info)
+    return buffer.getvalue()

@@ -50,6 +50,20 @@ def tiny_lumina_sizes():
 
 
 @pytest.fixture
+def no_weights(monkeypatch):
+    """Fail the test if any family starts reading model weights (the LLM's or the Chameleon VQGAN's):
+    a refusal must come first."""
+    from sjd_pac_core.models import emu3, janus, lumina_mgpt
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("weights were loaded before the input was checked")
+
+    for module in (lumina_mgpt, emu3, janus):
+        monkeypatch.setattr(module, "load_pretrained", forbidden)
+    monkeypatch.setattr(lumina_mgpt, "load_chameleon_vqgan", forbidden)
+
+
+@pytest.fixture
 def full_folder(tmp_path, monkeypatch):
     """A folder whose file system has no space left: a tiny tmpfs filled up (as root, where mount
     works), else writes into it fail with ENOSPC from os.write (the one call write_atomic writes with)."""

@@ -3,17 +3,22 @@
 A tiny random transformers causal LM with a 3-5 token vocabulary and peaked, prefix-dependent
 conditionals; its exact joint distribution over every image-token sequence, computed by a plain
 full forward (no cache, no sampler code); and a fast adapter that serves those same exact
-conditionals to the sampler from a table, so tens of thousands of samples take seconds.
+conditionals to the sampler from a table, so tens of thousands of samples take seconds. Chain
+models (first and second order) with exact pair laws; the chi-square tests and their power
+(how many samples a planted fault needs: planted_power.py); and the planted faults (FAULTS).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
+import inspect
 import itertools
 import math
 import sys
+from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
@@ -26,9 +31,13 @@ from sjd_pac_core.models.base import DecoderSession, TokenModel
 from sjd_pac_core.sampling.recipe import SamplingRecipe, TokenConstraints, process
 
 
-def tiny_causal_lm(vocab_size: int, seed: int = 1, head_scale: float = 20.0, layers: int = 2) -> LlamaForCausalLM:
-    """A random Llama with a tiny vocabulary whose conditionals are peaked and depend strongly on
-    the whole prefix (scaled embeddings and head; mean entropy ~0.7 nats at V=3)."""
+def tiny_causal_lm(vocab_size: int, seed: int = 1, head_scale: float = 20.0, layers: int = 2,
+                   attention_scale: float = 1.0) -> LlamaForCausalLM:
+    """A random Llama with a tiny vocabulary whose conditionals are peaked and depend on the
+    prefix (scaled embeddings and head; mean entropy ~0.7 nats at V=3). With attention_scale > 1
+    its attention is peaked (query and key weights x attention_scale) and weighs more against
+    the token's own embedding (value and output weights x sqrt(attention_scale)), so which keys
+    a node sees (cache entries, masks, positions) moves its logits by more than a percent."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
@@ -38,18 +47,35 @@ def tiny_causal_lm(vocab_size: int, seed: int = 1, head_scale: float = 20.0, lay
     with torch.no_grad():
         model.lm_head.weight.mul_(head_scale)
         model.model.embed_tokens.weight.mul_(3.0)
+        for layer in model.model.layers:
+            attention = layer.self_attn
+            for proj, scale in ((attention.q_proj, attention_scale), (attention.k_proj, attention_scale),
+                                (attention.v_proj, attention_scale ** 0.5), (attention.o_proj, attention_scale ** 0.5)):
+                proj.weight.mul_(scale)
     return model
+
+
+# Scale of the seed-exact model's query and key weights. At 1 (the random init) attention is
+# nearly uniform and RoPE barely moves a logit: a position id off by one in the unconditional row
+# or past depth 8 changed no token of the seed-exact runs. At 8 attention is peaked, so it
+# changes tokens in every CFG run (unconditional row) and in most runs with windows of 16 and more
+# (past depth 8); test_seed_exact's planted controls hold it to that.
+SEED_EXACT_QK_SCALE = 8.0
 
 
 def seed_exact_lm() -> LlamaForCausalLM:
     """A random Llama (vocabulary 64, fp32) whose entropy is high enough that drafts are often
-    rejected: the model of the seed-exact tests."""
+    rejected and whose attention is peaked enough that positions matter: the model of the
+    seed-exact tests."""
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(2.5)
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(SEED_EXACT_QK_SCALE)
+            layer.self_attn.k_proj.weight.mul_(SEED_EXACT_QK_SCALE)
     return model
 
 
@@ -234,6 +260,13 @@ class MarkovChain:
             trans[t] = process(rows, torch.full((v,), t), recipe, constraints).double()
         return p0, trans
 
+    def pair_laws(self, config: sp.SamplerConfig) -> List["PairLaw"]:
+        """The exact laws the tests compare with: every adjacent pair (x_t, x_t+1)."""
+        return markov_pair_laws(*self.processed(config))
+
+    def model(self) -> "MarkovModel":
+        return MarkovModel({(0,): self})
+
 
 class MarkovSession(DecoderSession):
     """Serves a MarkovChain's logits: a node's conditional needs only its depth in the sequence
@@ -319,6 +352,13 @@ class SecondOrderChain:
             joint = joint.unsqueeze(-1) * cond.view((1,) * (t - 2) + (v, v, v))
         return joint
 
+    def pair_laws(self, config: sp.SamplerConfig) -> List["PairLaw"]:
+        """The exact laws the tests compare with: every pair of positions (x_s, x_t)."""
+        return all_pair_laws(self.joint(config))
+
+    def model(self) -> "SecondOrderModel":
+        return SecondOrderModel(self)
+
 
 class SecondOrderSession(DecoderSession):
     """Serves a SecondOrderChain: a node's logits need its own token and its parent's (the
@@ -369,34 +409,70 @@ class SecondOrderModel(TokenModel):
         return SecondOrderSession(self.chain)
 
 
-def all_pairs_pvalue(tokens: torch.Tensor, joint: torch.Tensor) -> Tuple[float, str]:
-    """Chi-square of every pair of positions' joint table (x_s, x_t), s < t, against the exact
-    joint's marginal; Bonferroni over the pairs. Pairs at a distance show what adjacent pairs
-    miss in a second-order chain (a token committed against its grandparent's wrong p)."""
-    n = tokens.shape[1]
-    v = joint.shape[0]
-    pairs = list(itertools.combinations(range(n), 2))
-    worst, worst_name = 1.0, ""
-    for s, t in pairs:
-        exact = joint.sum(dim=[d for d in range(n) if d not in (s, t)]).reshape(-1)
-        p_value = pair_table_pvalue(tokens[:, s], tokens[:, t], exact, v, f"pair ({s}, {t})")
-        if p_value < worst:
-            worst, worst_name = p_value, f"pair ({s}, {t})"
-    return min(1.0, worst * len(pairs)), worst_name
+@dataclass(frozen=True)
+class PairLaw:
+    """The exact joint law of the token columns s and t: [V * V], entry a * V + b = P(x_s = a, x_t = b)."""
+
+    s: int
+    t: int
+    exact: torch.Tensor
+
+    @property
+    def name(self) -> str:
+        return f"pair ({self.s}, {self.t})"
+
+    def counts(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The sampled table of columns s and t, as counts [V * V]."""
+        v = int(math.isqrt(self.exact.numel()))
+        return torch.bincount(tokens[:, self.s] * v + tokens[:, self.t], minlength=v * v).double()
 
 
-def pair_table_pvalue(first: torch.Tensor, second: torch.Tensor, exact: torch.Tensor, v: int, name: str) -> float:
-    """Chi-square p-value of the sampled joint table of two token columns against its exact
-    value ``exact`` [V * V]; cells expecting < 5 are pooled, an impossible pair fails at once."""
-    observed = torch.bincount(first * v + second, minlength=v * v).double()
-    assert bool((observed[exact == 0] == 0).all()), f"{name}: sampled an impossible pair"
-    expected = exact * first.shape[0]
+def markov_pair_laws(p0: torch.Tensor, trans: torch.Tensor) -> List[PairLaw]:
+    """Every adjacent pair (x_t, x_t+1) of a Markov chain: they determine every per-position
+    marginal and every conditional, which is where a wrong sibling law or residual shows."""
+    laws, marginal = [], p0
+    for t in range(trans.shape[0] - 1):
+        laws.append(PairLaw(t, t + 1, (marginal.unsqueeze(-1) * trans[t + 1]).reshape(-1)))
+        marginal = marginal @ trans[t + 1]
+    return laws
+
+
+def all_pair_laws(joint: torch.Tensor) -> List[PairLaw]:
+    """Every pair of positions (x_s, x_t), s < t, of an exact joint [V] * N. Pairs at a distance
+    show what adjacent pairs miss in a second-order chain (a token committed against its
+    grandparent's wrong p)."""
+    n = joint.dim()
+    return [PairLaw(s, t, joint.sum(dim=[d for d in range(n) if d not in (s, t)]).reshape(-1))
+            for s, t in itertools.combinations(range(n), 2)]
+
+
+def _pooled(observed: torch.Tensor, expected: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The bins a chi-square test compares: those expecting >= 5, and the rest pooled into one."""
     big = expected >= 5
     obs = torch.cat([observed[big], observed[~big].sum().reshape(1)])
     exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
     keep = exp > 0
-    obs, exp = obs[keep], exp[keep]
-    return float(scipy_stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+    return obs[keep], exp[keep]
+
+
+def pair_laws_pvalue(tokens: torch.Tensor, laws: Sequence[PairLaw]) -> Tuple[float, str]:
+    """Bonferroni-combined chi-square p-value of every pair's sampled table against its exact
+    law, and the name of the worst pair. Cells expecting < 5 are pooled; an impossible pair
+    fails at once."""
+    worst, worst_name = 1.0, ""
+    for law in laws:
+        observed = law.counts(tokens)
+        assert bool((observed[law.exact == 0] == 0).all()), f"{law.name}: sampled an impossible pair"
+        obs, exp = _pooled(observed, law.exact * tokens.shape[0])
+        p_value = float(scipy_stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+        if p_value < worst:
+            worst, worst_name = p_value, law.name
+    return min(1.0, worst * len(laws)), worst_name
+
+
+def all_pairs_pvalue(tokens: torch.Tensor, joint: torch.Tensor) -> Tuple[float, str]:
+    """pair_laws_pvalue over every pair of positions of the exact joint [V] * N."""
+    return pair_laws_pvalue(tokens, all_pair_laws(joint))
 
 
 def draw_sequences(model, prompt, num_tokens, config, samples, uncond=None, allowed=None, seed0=0,
@@ -412,24 +488,55 @@ def draw_sequences(model, prompt, num_tokens, config, samples, uncond=None, allo
     return out
 
 
-def markov_marginal_pvalue(tokens: torch.Tensor, p0: torch.Tensor, trans: torch.Tensor) -> Tuple[float, str]:
-    """Bonferroni-combined chi-square p-value of every adjacent pair's joint (x_t, x_t+1) table
-    against its exact value, and the name of the worst table.
+# --- power: how many samples a planted fault needs -------------------------------------------
 
-    The pairs' tables determine every per-position marginal and every conditional, which is
-    where a wrong sibling law or a wrong residual shows. Cells expecting < 5 are pooled.
-    """
-    n = tokens.shape[1]
-    v = p0.shape[0]
-    marginal = p0
-    worst, worst_name = 1.0, ""
-    for t in range(n - 1):
-        exact = (marginal.unsqueeze(-1) * trans[t + 1]).reshape(-1)  # [V * V]
-        p_value = pair_table_pvalue(tokens[:, t], tokens[:, t + 1], exact, v, f"pair ({t}, {t + 1})")
-        if p_value < worst:
-            worst, worst_name = p_value, f"pair ({t}, {t + 1})"
-        marginal = marginal @ trans[t + 1]
-    return min(1.0, worst * (n - 1)), worst_name
+def chi_square_power(faulty: torch.Tensor, exact: torch.Tensor, n: int, alpha: float,
+                     pilot: int = 0) -> Tuple[float, float]:
+    """(power, median p-value) of a chi-square test of n samples drawn from the law `faulty`
+    against `exact` (both [bins]; bins expecting < 5 pooled as the tests pool them): the
+    probability that it gives p < alpha, and its median p, from the noncentral chi-square with
+    lambda = n * sum (f - e)^2 / e. A `faulty` law estimated from a pilot run of `pilot` samples
+    carries that run's noise, whose mean, sum f (1 - f) / (pilot e), is taken off lambda."""
+    faulty, exact = faulty.double(), exact.double()
+    fault_bins, exact_bins = _pooled(faulty, exact * n)
+    exact_bins = exact_bins / n
+    effect = ((fault_bins - exact_bins) ** 2 / exact_bins).sum().item()
+    if pilot:
+        effect -= (fault_bins * (1 - fault_bins) / exact_bins).sum().item() / pilot
+    df = int(exact_bins.numel()) - 1
+    lam = max(effect, 0.0) * n
+    if df < 1 or lam <= 0:
+        return alpha, 0.5
+    critical = scipy_stats.chi2.isf(alpha, df)
+    power = float(scipy_stats.ncx2.sf(critical, df, lam))
+    if not math.isfinite(power):  # scipy gives up far in the tail: lambda dwarfs the critical value
+        power = 1.0 if lam > critical else 0.0
+    middle = float(scipy_stats.ncx2.median(df, lam))
+    median = float(scipy_stats.chi2.sf(middle if math.isfinite(middle) else df + lam, df))
+    return power, median
+
+
+def pair_laws_power(pilot_tokens: torch.Tensor, laws: Sequence[PairLaw], n: int,
+                    alpha: float = 1e-6) -> Tuple[float, float, str]:
+    """(power, median Bonferroni p, pair) of `pair_laws_pvalue` at n samples of the law a pilot
+    run `pilot_tokens` (of a planted fault) estimates: the best single pair's power at
+    alpha / pairs, a lower bound on the power of the Bonferroni minimum."""
+    best = (0.0, 1.0, "")
+    m = pilot_tokens.shape[0]
+    for law in laws:
+        faulty = law.counts(pilot_tokens) / m
+        power, median = chi_square_power(faulty, law.exact, n, alpha / len(laws), pilot=m)
+        if (power, -median) > (best[0], -best[1]):
+            best = (power, min(1.0, median * len(laws)), law.name)
+    return best
+
+
+def samples_for_power(power_at, target: float = 0.999, start: int = 100, limit: int = 100000) -> int:
+    """The smallest n (on a ~1.25x grid from `start`, multiples of 50) with power_at(n)[0] >= target."""
+    n = start
+    while n < limit and power_at(n)[0] < target:
+        n = int(math.ceil(n * 1.25 / 50) * 50)
+    return n
 
 
 def side_branch_share(records) -> float:
@@ -488,8 +595,6 @@ def _side_chain_main_context(original):
         # of the main chain's context, not of a chain fed behind the side leaf: every side-chain
         # node attends to the main branch's nodes of the depths above it instead of its own
         # ancestors (its token is the main chain's draft there, so its p is the main chain's).
-        import dataclasses
-
         layout = original(shape)
         depths, slots = layout.node_depths, layout.node_slots
         branching = max((d for d, slot in zip(depths, slots) if slot > 0), default=0)
@@ -506,6 +611,91 @@ def _side_chain_main_context(original):
     return faulty
 
 
+def _uniform_chain_siblings(original):
+    def faulty(self, q, first, k, positions):
+        # Chain siblings drawn uniformly but verified as a draw from q without replacement.
+        from sjd_pac_core.sampling.verify import candidate_validity
+
+        cands, _ = original(self, torch.ones_like(q), first, k, positions)
+        return cands, candidate_validity(q, k)
+    return faulty
+
+
+def _all_slots_valid(original):
+    def faulty(q, width):  # every slot counts as a real candidate, also past q's support
+        return torch.ones(q.shape[:-1] + (width,), dtype=torch.bool, device=q.device)
+    return faulty
+
+
+def _uncond_row_deep_positions(original):
+    def faulty(depths, root_positions):  # the unconditional (CFG) row's nodes at depth >= 2 one position on
+        positions = original(depths, root_positions)
+        if positions.shape[0] < 2:
+            return positions
+        shift = (depths.to(positions.device) >= 2).long().unsqueeze(0)
+        return torch.cat([positions[:1], positions[1:] + shift])
+    return faulty
+
+
+def _deep_positions(original):
+    def faulty(depths, root_positions):  # nodes deeper than 8 one position on, in every row
+        return original(depths, root_positions) + (depths.to(root_positions.device) > 8).long().unsqueeze(0)
+    return faulty
+
+
+class _NarrowCandidates:
+    """A rule whose candidate rows are drawn `width` wide; a wider first level is topped up by a
+    second draw that excludes only the row's draft, so its extra slots may repeat slots 1..K-1."""
+
+    def __init__(self, rule, width: int) -> None:
+        self.rule, self.width = rule, width
+
+    def candidates(self, q, first, k, positions):
+        from sjd_pac_core.sampling.verify import candidate_validity
+
+        if k <= self.width:
+            return self.rule.candidates(q, first, k, positions)
+        cands, _ = self.rule.candidates(q, first, self.width, positions)
+        extra, _ = self.rule.candidates(q, first, k - self.width + 1, positions)
+        return torch.cat([cands, extra[:, 1:]], -1), candidate_validity(q, k)
+
+    def __getattr__(self, name):
+        return getattr(self.rule, name)
+
+
+def _first_level_drawn_k_wide(original):
+    def faulty(ctx, window, start, widths, *args, **kwargs):
+        # The tree's candidates are drawn K (the last level's width) wide; the first level's
+        # slots past K come from a second draw (see _NarrowCandidates).
+        narrow = dataclasses.replace(ctx, rule=_NarrowCandidates(ctx.rule, min(widths[-1:] or (1,))))
+        return original(narrow, window, start, widths, *args, **kwargs)
+    return faulty
+
+
+def _chain_sibling_repeats_draft(original):
+    def faulty(self, q, first, k, positions):
+        # The siblings are a draw without replacement from q itself, not from q without the
+        # draft: a sibling may repeat the draft (verified as if it could not).
+        cands, valid = original(self, q, first, k, positions)
+        if k <= 1:
+            return cands, valid
+        u = torch.rand(q.shape, generator=self.generator, device=q.device, dtype=torch.float64)
+        keys = torch.log(q).double() - torch.log(-torch.log(u.clamp(min=1e-300)))
+        return torch.cat([first.unsqueeze(-1), torch.topk(keys, k - 1, dim=-1).indices], -1), valid
+    return faulty
+
+
+def _q_keeps_rejected_mass(original):
+    def faulty(p, q, candidates, valid):
+        # Recursive rejection whose q is never updated: a rejected candidate keeps its mass.
+        probs = []
+        for k in range(candidates.shape[-1]):
+            prob, p = original(p, q, candidates[:, k : k + 1], valid[:, k : k + 1])
+            probs.append(prob)
+        return torch.cat(probs, -1), p
+    return faulty
+
+
 FAULTS = {
     # name: (module, attribute ("Class.method" for a method), wrapper(original) -> faulty)
     "pd_tempered_siblings": ("sjd_pac_core.sampling.rules", "sample_without_replacement_rows", _tempered_siblings),
@@ -514,6 +704,14 @@ FAULTS = {
     "padding_columns_unmasked": ("sjd_pac_core.sampling.tree", "tree_attention_mask", _padding_unmasked),
     "auto_window_always_1": ("sjd_pac_core.engine.window", "AutoWindow.next_window", _always_window_1),
     "side_chain_main_context": ("sjd_pac_core.sampling.tree", "tree_layout", _side_chain_main_context),
+    "chain_siblings_uniform": ("sjd_pac_core.sampling.rules", "RejectionRule.chain_candidates", _uniform_chain_siblings),
+    "all_slots_valid": ("sjd_pac_core.sampling.verify", "candidate_validity", _all_slots_valid),
+    "uncond_row_deep_positions": ("sjd_pac_core.sampling.tree", "tree_position_ids", _uncond_row_deep_positions),
+    "deep_positions": ("sjd_pac_core.sampling.tree", "tree_position_ids", _deep_positions),
+    "first_level_drawn_k_wide": ("sjd_pac_core.engine.drafters", "Drafter.shaped_tree", _first_level_drawn_k_wide),
+    "chain_sibling_repeats_draft": ("sjd_pac_core.sampling.rules", "RejectionRule.chain_candidates",
+                                    _chain_sibling_repeats_draft),
+    "q_keeps_rejected_mass": ("sjd_pac_core.sampling.verify", "recursive_rejection_rows", _q_keeps_rejected_mass),
 }
 
 
@@ -550,6 +748,8 @@ def planted_fault(name: str) -> Iterator[FaultCalls]:
         calls.count += 1
         return faulty(*args, **kwargs)
 
+    if isinstance(inspect.getattr_static(owner, attr), staticmethod):
+        counted = staticmethod(counted)  # stays a plain function when read through an instance
     targets = [owner]
     if not owner_path:  # a module-level function: also where it was imported by name
         targets += [m for key, m in list(sys.modules.items())

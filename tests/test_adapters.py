@@ -324,18 +324,7 @@ def test_auto_device_spreads_only_when_the_plan_does_not_fit(folders, monkeypatc
 
 
 # --- bad input ----------------------------------------------------------------------------------
-@pytest.fixture
-def no_weights(monkeypatch):
-    """Fail the test if any family starts reading model weights."""
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("weights were loaded before the input was checked")
-
-    for module in (lumina_mgpt, emu3_mod, janus_mod):
-        monkeypatch.setattr(module, "load_pretrained", forbidden)
-    monkeypatch.setattr(lumina_mgpt, "load_chameleon_vqgan", forbidden)
-
-
+# (the no_weights fixture is in conftest.py)
 def _copy(src: Path, dst: Path, skip=()) -> Path:
     dst.mkdir(parents=True)
     for path in src.iterdir():

@@ -14,8 +14,7 @@ import torch
 from PIL import Image
 
 from sjd_pac_core.bench import lossless as L
-from sjd_pac_core.bench.cli import parse_seeds
-from sjd_pac_core.bench.methods import DEFAULT_METHODS, MethodSpec, parse_method, parse_methods
+from sjd_pac_core.bench.methods import DEFAULT_METHODS, MethodSpec, parse_method, parse_methods, parse_seeds
 from sjd_pac_core.bench.runner import PROMPT_DIR, load_prompts
 from sjd_pac_core.cli import main
 from sjd_pac_core.demo import captions

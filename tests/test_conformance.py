@@ -96,8 +96,11 @@ def test_both_lumina_layouts_load_to_the_same_network(models):
     for a, b in zip(ours.model.model.layers, hf.model.model.layers):
         for name in ("q_norm", "k_norm"):
             wa, wb = getattr(a.self_attn, name), getattr(b.self_attn, name)
-            assert wa.weight.shape == (2, 16)
-            assert torch.equal(wa.weight, wb.weight) and torch.equal(wa.bias, wb.bias)
+            # Lumina's layout keeps its one row (it broadcasts over the heads in the layer norm);
+            # transformers' layout stores it once per head: the same numbers.
+            assert wa.weight.shape == (1, 16) and wb.weight.shape == (2, 16)
+            assert torch.equal(wa.weight.expand_as(wb.weight), wb.weight)
+            assert torch.equal(wa.bias.expand_as(wb.bias), wb.bias)
     ids = ours.encode_prompt(PROMPT).prompt_ids[None]
     with torch.no_grad():
         assert torch.equal(ours.model.model(input_ids=ids).last_hidden_state,
@@ -489,8 +492,9 @@ def test_float32_draws_without_replacement_are_plackett_luce(float32_everywhere)
     rest = q.masked_fill(exclude, 0.0)
     rest = rest / rest.sum()
     gen = torch.Generator().manual_seed(5)
-    excluded_ids = exclude.nonzero().flatten()
-    pairs = np.stack([verify.sample_without_replacement(q, 2, excluded_ids, gen).numpy() for _ in range(20000)])
+    # The sampler's draw: the row's first token (here the excluded one), then two more from q without it.
+    firsts = exclude.nonzero().flatten().expand(20000)
+    pairs = verify.sample_without_replacement_rows(q.expand(20000, -1), firsts, 3, gen)[:, 1:].numpy()
     v = q.shape[0]
     counts = np.bincount(pairs[:, 0] * v + pairs[:, 1], minlength=v * v)
     r = rest.double().numpy()

@@ -61,7 +61,8 @@ RUN_MARKER = "<!-- doc-test: run -->"
 FILE_SUFFIXES = {"py", "md", "json", "jsonl", "txt", "png", "jpg", "js", "yaml", "toml", "ckpt", "safetensors"}
 
 # Programs a doc may name without a check of their arguments (a user's shell, not ours).
-PLAIN_PROGRAMS = {"cd", "export", "source", ".", "echo", "ln", "ssh", "apt-get", "sudo", "ls", "mkdir"}
+PLAIN_PROGRAMS = {"cd", "export", "source", ".", "echo", "ln", "ssh", "apt-get", "sudo", "ls", "mkdir",
+                  "ray"}
 # Flags of other programs that the prose mentions (ComfyUI's server, pytest, pip, venv, ...).
 FOREIGN_FLAGS = {
     "--cpu", "--preview-method", "--clear", "--durations", "--local-dir", "--index-url", "-n",
@@ -781,7 +782,7 @@ def problems_of(markdown: str, tmp_path: Path) -> List[str]:
     ("```bash\nsjd-pac generate \"a red circle\" --upscael 4\n```\n", "unrecognized arguments: --upscael"),
     ("```bash\nsjd-pac generat \"a red circle\"\n```\n", "invalid choice: 'generat'"),
     ("```bash\npython -m sjd_pac_core.demo.trian --out x\n```\n", "sjd_pac_core.demo.trian"),
-    ("```bash\npython -m sjd_pac_core.demo.quality --seedz 0\n```\n", "unrecognized arguments: --seedz"),
+    ("```bash\npython -m sjd_pac_core.demo.tools.quality --seedz 0\n```\n", "unrecognized arguments: --seedz"),
     ("```bash\nhuggingface-cli download BAAI/Emu3-Gen-hf --local-dir emu3-gen\n```\n", "unknown program 'huggingface-cli'"),
     ("```bash\nhf download BAAI/Emu3-Gen-hf --local-dirr emu3-gen\n```\n", "no option --local-dirr"),
     ("```bash\npip install -e \".[ap]\"\n```\n", "no extra [ap]"),
@@ -807,7 +808,7 @@ def test_checker_reports_planted_mistakes(markdown: str, expected: str, tmp_path
 def test_checker_accepts_correct_examples(tmp_path: Path) -> None:
     markdown = (
         "```bash\nsjd-pac generate \"a red circle\" -o out.png --upscale 4 --window 12\n"
-        "python -m sjd_pac_core.demo.quality --seeds 0\nhf download BAAI/Emu3-Gen-hf --local-dir emu3-gen\n```\n"
+        "python -m sjd_pac_core.demo.tools.quality --seeds 0\nhf download BAAI/Emu3-Gen-hf --local-dir emu3-gen\n```\n"
         "```python\nimport sjd_pac_core as sp\ncfg = sp.SamplerConfig(window=12)\n```\n"
         "See `sjd_pac_core/engine/loop.py`, `sjd_pac_core.bench.plots`, `--upscale` and [models](models.md#lumina-mgpt).\n"
     )

@@ -32,6 +32,7 @@ V, N = 3, 5
 PROMPT = torch.tensor([0, 1])
 UNCOND = torch.tensor([2])
 P_VALUE_MIN = 1e-3
+P_VALUE_PLANTED_MAX = 1e-6  # every planted control must fail at least this clearly
 TV_FACTOR = 1.5
 
 
@@ -146,13 +147,19 @@ class _GreedyFirstDraft(drafters.EveryPassTreeDrafter):
         return super().make_tree(ctx, window, start, widths)
 
 
+def greedy_first_drafter(config):
+    return _GreedyFirstDraft(True, True, config.tree_depth, config.tree_width, config.tree_widths)
+
+
+GREEDY_CONFIG = RejectionConfig(window=3, tree_width=2, tree_every_pass=True, tree_first_width=None)
+GREEDY_SAMPLES = 500  # power 0.999 at p < 1e-6 from 250 on (tests/planted_power.py)
+
+
 def test_negative_control_greedy_tree_draft_is_caught(tiny, monkeypatch):
-    config = RejectionConfig(window=3, tree_width=2, tree_every_pass=True, tree_first_width=None)
-    monkeypatch.setattr(drafters, "make_drafter",
-                        lambda c: _GreedyFirstDraft(True, True, c.tree_depth, c.tree_width, c.tree_widths))
-    p_value, tv, noise = _check(tiny, config, 3000, seed0=10**6)
-    assert p_value < P_VALUE_MIN or tv > TV_FACTOR * noise, (
-        f"planted greedy draft went unnoticed: p = {p_value:.3f}, tv {tv:.4f}, noise {noise:.4f}"
+    monkeypatch.setattr(drafters, "make_drafter", greedy_first_drafter)
+    p_value, tv, noise = _check(tiny, GREEDY_CONFIG, GREEDY_SAMPLES, seed0=10**6)
+    assert p_value < P_VALUE_PLANTED_MAX, (
+        f"planted greedy draft went unnoticed: p = {p_value:.2e}, tv {tv:.4f}, noise {noise:.4f}"
     )
 
 
@@ -210,12 +217,11 @@ SIDE_V, SIDE_N = 4, 8
 SIDE_PROFILE = (2.0, 1.0, 0.0, -1.0)
 SIDE_CONFIG = RejectionConfig(window=7, tree_depth=3, tree_width=3, tree_first_width=3, tree_side_chain=4)
 SIDE_CHAIN_USE_MIN = 0.12  # tree passes that verified a draft on a side chain's own nodes
-SIDE_SAMPLES = 800
-# The planted control needs more: with the tree-wide continuation (a next draft comes from the
-# node of the draft before it) the fault's p-value at 1200 samples was 3e-6 and 2e-12 (two
-# seeds), at 1600 1e-16; the correct sampler's test keeps 800.
-SIDE_PLANTED_SAMPLES = 1600
-SIDE_P_PLANTED_MAX = 1e-6
+# From tests/planted_power.py (a 3000-sample pilot of the fault): the control's 2400 samples give
+# the planted fault power 0.999 at p < 1e-6 (at 1600 it was 0.98: a pass by luck one time in
+# fifty), the check's 1500 power 0.99 at p < 1e-3.
+SIDE_SAMPLES = 1500
+SIDE_PLANTED_SAMPLES = 2400
 
 
 def side_chain_model():
@@ -249,7 +255,7 @@ def test_planted_side_chain_verified_in_the_main_context_is_caught():
     with planted_fault("side_chain_main_context") as calls:
         p_value, worst, use = side_check(SIDE_CONFIG, SIDE_PLANTED_SAMPLES, seed0=10**6)
     assert calls.count > 0 and use >= SIDE_CHAIN_USE_MIN
-    assert p_value < SIDE_P_PLANTED_MAX, f"planted side-chain fault went unnoticed: p = {p_value:.2e} at {worst}"
+    assert p_value < P_VALUE_PLANTED_MAX, f"planted side-chain fault went unnoticed: p = {p_value:.2e} at {worst}"
 
 
 def test_side_chains_keep_the_ar_tokens_and_the_planted_fault_does_not():

@@ -229,6 +229,33 @@ def test_compiled_passes_trace_and_give_the_eager_tokens(lm, monkeypatch):
 
 
 @pytest.mark.slow
+def test_compiled_shipped_tree_keeps_the_ar_tokens_and_sees_a_position_fault(lm, monkeypatch):
+    """The compiled pass (aot_eager) through the shipped tree (first level 8, K = 4) with chain
+    siblings, window 32 and CFG with a shorter, left-padded unconditional prompt: under the gumbel
+    rule the tokens are AR's; the same graphs then run the rejection rule, whose tokens for the
+    seed are the eager run's. Control: a position id one off past depth 8 changes the compiled
+    run's tokens (the graph reads the position ids it is given, and the comparison can fail)."""
+    from exactness_tools import planted_fault
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(causal_lm, "COMPILE_BACKEND", "aot_eager")
+    adapter = CausalLMAdapter(lm)
+    common = dict(method="sjd_pac", window=32, tree_chain_width=2, cfg_scale=2.0, top_k=40)
+
+    def tokens(**fields):
+        config = sp.SamplerConfig(**{**common, **fields})
+        return sp.sample_tokens(adapter, PROMPT, 80, config=config, seed=2, uncond_prompt_ids=UNCOND).tokens
+
+    ar = tokens(method="ar", verify="gumbel")
+    assert torch.equal(tokens(verify="gumbel", compile=True), ar)
+    assert torch.equal(tokens(verify="rejection", compile=True), tokens(verify="rejection"))
+    with planted_fault("deep_positions") as calls:
+        faulty = tokens(verify="gumbel", compile=True)
+    torch._dynamo.reset()
+    assert calls.count > 0 and not torch.equal(faulty, ar)
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("SJD_PAC_TEST_INDUCTOR") != "1",
                     reason="inductor compiles for minutes on a small CPU; set SJD_PAC_TEST_INDUCTOR=1")
 def test_compiled_passes_give_the_eager_tokens(lm):

@@ -23,9 +23,8 @@ import pytest
 import torch
 
 import sjd_pac_core as sp
-from sjd_pac_core.models import emu3 as emu3_mod
 from sjd_pac_core.models import janus as janus_mod
-from sjd_pac_core.models import lumina_mgpt, memory
+from sjd_pac_core.models import memory
 from sjd_pac_core.models import quantize as qz
 from sjd_pac_core.models.adapters import HeadRows
 from sjd_pac_core.models.loader import read_config
@@ -232,15 +231,7 @@ def test_missing_accelerate_names_the_extra(folders, monkeypatch, no_weights):
 
 
 # --- bad input: one sentence, before any weight is read ------------------------------------------
-@pytest.fixture
-def no_weights(monkeypatch):
-    def forbidden(*args, **kwargs):
-        raise AssertionError("weights were read before the input was checked")
-
-    for module in (lumina_mgpt, emu3_mod, janus_mod):
-        monkeypatch.setattr(module, "load_pretrained", forbidden)
-
-
+# (the no_weights fixture is in conftest.py)
 def _no_torchao(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))

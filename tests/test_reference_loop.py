@@ -4,8 +4,12 @@ The seed-exact tests compare SJD / SJD-PAC with our own AR, so a bug they share 
 position ids, left padding, attention masks, constraints) passes them. Here the reference is a
 naive loop that runs the unmodified transformers model on the full sequence at every step: no
 KV cache, no tree, no padding (the conditional and the unconditional prompt each run on their
-own), through the same recipe and the gumbel rule. Our AR and SJD-PAC tokens must equal it for
-every family, with CFG on and off; planted position-id and mask bugs must make it fail.
+own), through the same recipe and the gumbel rule. Our AR and SJD-PAC tokens (windows 8, 16
+and 64, so nodes deeper than 8 are fed) must equal it for every family, with CFG on and off;
+planted position-id and mask bugs must make it fail.
+
+To run every test here on another model-loading path (quantized weights, say), add one entry to
+LOAD_OPTIONS; to add a drafting configuration, one to PAC_VARIANTS.
 """
 
 from __future__ import annotations
@@ -27,21 +31,52 @@ FAMILIES = ["demo", "lumina_mgpt", "emu3", "janus"]
 PROMPT = "a red cat on the blue field"
 # The demo reads its own grammar (a structured prompt; a word it does not know is an error).
 DEMO_PROMPT = "a red circle top left on a blue background"
-DEMO_TOKENS = 40  # the demo's first rows (2 rows + 6 codes, with their end-of-line tokens)
+# The demo's first rows, with their end-of-line tokens: enough for accepted runs past depth 8
+# (at 40 tokens a position id one off past depth 8 changed no token).
+DEMO_TOKENS = 80
 SEED = 3
+
+# Model-loading options: name -> load_model keyword arguments. Every test of this file runs once
+# per entry, on all four families (the demo's first entry is the session's demo model).
+# The weight-only quantized loads (CPU schemes) run the same checks: a scheme whose logits for a
+# position depended on the rest of the pass would give the naive loop other tokens. The demo model
+# is never quantized (it is small), so those entries hold the three checkpoint families.
+LOAD_OPTIONS = {"fp32": dict(dtype="fp32", device="cpu"),
+                "int8": dict(dtype="fp32", device="cpu", quantize="int8"),
+                "4bit": dict(dtype="fp32", device="cpu", quantize="4bit")}
+# SJD-PAC configurations compared with the naive loop (on top of the family's defaults).
+PAC_VARIANTS = {
+    "L8_K3": dict(window=8, tree_width=3),
+    "L16_defaults_tree": dict(window=16),
+    "L64_K3": dict(window=64, tree_width=3),
+}
 
 
 # The tiny Lumina-mGPT checkpoint runs at 96x96 / 64x64 (conftest.py).
 pytestmark = pytest.mark.usefixtures("tiny_lumina_sizes")
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory, demo_model) -> Dict[str, object]:
+class LoadedModels(dict):
+    """family -> loaded model, for one entry of LOAD_OPTIONS (`option`)."""
+
+    def __init__(self, option: str, models: Dict[str, object]) -> None:
+        super().__init__(models)
+        self.option = option
+
+    def __missing__(self, family: str):
+        pytest.skip(f"{family} has no {self.option} load")
+
+
+@pytest.fixture(scope="module", params=list(LOAD_OPTIONS))
+def models(request, tmp_path_factory, demo_model) -> LoadedModels:
+    option = LOAD_OPTIONS[request.param]
     root = tmp_path_factory.mktemp("reference_loop_checkpoints")
-    out = {"demo": demo_model}
+    out = {}
+    if option.get("quantize", "none") == "none":
+        out["demo"] = demo_model if request.param == next(iter(LOAD_OPTIONS)) else sp.load_model("demo", **option)
     for family in FAMILIES[1:]:
-        out[family] = sp.load_model(BUILDERS[family](root / family), dtype="fp32", device="cpu")
-    return out
+        out[family] = sp.load_model(BUILDERS[family](root / family), **option)
+    return LoadedModels(request.param, out)
 
 
 def _first_tokens(constraints: TokenConstraints, n: int) -> TokenConstraints:
@@ -92,10 +127,12 @@ def reference_tokens(model, config: sp.SamplerConfig, seed: int) -> torch.Tensor
 _REFERENCE: Dict[tuple, torch.Tensor] = {}
 
 
-def expected_tokens(model, cfg_scale: float) -> torch.Tensor:
-    """The naive loop's tokens for the AR config at SEED, computed once per family and scale."""
-    key = (model.family, cfg_scale)
+def expected_tokens(models: LoadedModels, family: str, cfg_scale: float) -> torch.Tensor:
+    """The naive loop's tokens for the AR config at SEED, computed once per loading option,
+    family and scale."""
+    key = (models.option, family, cfg_scale)
     if key not in _REFERENCE:
+        model = models[family]
         _REFERENCE[key] = reference_tokens(model, config_for(model, "ar", cfg_scale), SEED)
     return _REFERENCE[key]
 
@@ -114,21 +151,22 @@ def config_for(model, method: str, cfg_scale: float, **kw) -> sp.SamplerConfig:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_ar_and_sjd_pac_equal_the_naive_full_forward_loop(models, family, cfg_scale):
     model = models[family]
-    expected = expected_tokens(model, cfg_scale)
+    expected = expected_tokens(models, family, cfg_scale)
     assert torch.equal(sampler_tokens(model, config_for(model, "ar", cfg_scale), SEED), expected), (
         f"{family}: AR differs from the naive full-forward loop"
     )
-    pac = config_for(model, "sjd_pac", cfg_scale, window=8, tree_width=3)
-    assert torch.equal(sampler_tokens(model, pac, SEED), expected), (
-        f"{family}: SJD-PAC differs from the naive full-forward loop"
-    )
+    for name, variant in PAC_VARIANTS.items():
+        pac = config_for(model, "sjd_pac", cfg_scale, **variant)
+        assert torch.equal(sampler_tokens(model, pac, SEED), expected), (
+            f"{family}: SJD-PAC {name} differs from the naive full-forward loop"
+        )
 
 
 PADDED_FAMILIES = ["lumina_mgpt"]  # Emu3 and Janus pad the other row or not at all
 
 
 def test_the_reference_families_pad_the_unconditional_row(models):
-    """The planted-bug controls below need left padding: the unconditional prompt is shorter.
+    """The padding controls below need left padding: the unconditional prompt is shorter.
     The demo's slot prompt has one length for every caption and for the unconditional row, so
     it never pads (and cannot show these bugs)."""
     for family in PADDED_FAMILIES:
@@ -138,12 +176,27 @@ def test_the_reference_families_pad_the_unconditional_row(models):
     assert enc.uncond_ids.shape[0] == enc.prompt_ids.shape[0]
 
 
-@pytest.mark.parametrize("fault", ["cfg_positions_ignore_padding", "padding_columns_unmasked"])
-@pytest.mark.parametrize("family", PADDED_FAMILIES)
-def test_planted_position_and_mask_bugs_fail_the_reference(models, family, fault):
+# (family, planted fault, CFG scale, SJD-PAC variant or None for AR): the padding faults act
+# in AR already; the position faults need nodes at depth >= 2 in the unconditional row, or
+# past depth 8, and a family whose logits they move (the trained demo; the tiny Lumina-mGPT
+# for the unconditional row, where it is padded).
+PLANTED = [
+    ("lumina_mgpt", "cfg_positions_ignore_padding", 3.0, None),
+    ("lumina_mgpt", "padding_columns_unmasked", 3.0, None),
+    ("lumina_mgpt", "uncond_row_deep_positions", 3.0, "L16_defaults_tree"),
+    ("demo", "uncond_row_deep_positions", 3.0, "L16_defaults_tree"),
+    ("demo", "deep_positions", 1.0, "L16_defaults_tree"),
+    ("demo", "deep_positions", 1.0, "L64_K3"),
+]
+
+
+@pytest.mark.parametrize("family,fault,cfg_scale,variant", PLANTED,
+                         ids=[f"{f}-{fault}-{v or 'ar'}" for f, fault, _, v in PLANTED])
+def test_planted_position_and_mask_bugs_fail_the_reference(models, family, fault, cfg_scale, variant):
     model = models[family]
-    config = config_for(model, "ar", 3.0)
-    expected = expected_tokens(model, 3.0)
+    method, fields = ("ar", {}) if variant is None else ("sjd_pac", PAC_VARIANTS[variant])
+    config = config_for(model, method, cfg_scale, **fields)
+    expected = expected_tokens(models, family, cfg_scale)
     with planted_fault(fault) as calls:
         faulty = sampler_tokens(model, config, SEED)
     assert calls.count > 0, f"the seam of {fault} never ran; re-target it in exactness_tools.FAULTS"

@@ -16,16 +16,19 @@ from sjd_pac_core.sampling.recipe import (
     top_k_filter,
     top_p_filter,
 )
+from scipy import stats as scipy_stats
+
+from exactness_tools import planted_fault
+from sjd_pac_core.sampling import verify
 from sjd_pac_core.sampling.tree import build_tree_layout, tree_attention_mask, tree_position_ids
 from sjd_pac_core.sampling.verify import (
     accept_probability,
+    candidate_validity,
     first_true,
     gumbel_argmax,
     gumbel_noise,
-    recursive_rejection_steps,
     residual,
     sample,
-    sample_without_replacement,
     sample_without_replacement_rows,
     speculative_accept,
 )
@@ -77,38 +80,91 @@ def _without_replacement_orders(q: torch.Tensor, k: int):
             yield tup, prob
 
 
-def _recursive_rejection_output(p, q, k, sibling_mode="without_replacement"):
-    """Exact output distribution of one PD level (first accepted candidate in draw order wins)."""
-    out = torch.zeros_like(p, dtype=torch.float64)
-    for tup, prob in _without_replacement_orders(q, k):
-        cands = torch.tensor(tup)
-        acc, final = recursive_rejection_steps(p.unsqueeze(0), q, cands)
-        acc, final = acc[0].double(), final[0].double()
-        reach = 1.0
-        for j, c in enumerate(tup):
-            out[c] += prob * reach * acc[j]
-            reach *= 1 - acc[j]
-        out += prob * reach * final
-    return out
+# Hand-made levels (p, q, slots): q's support smaller than the slots in the last three, so the
+# sampler's fixed-width row carries padding slots; their tokens are ones q cannot draw but p
+# wants (a padding slot counted as real would be accepted).
+LEVELS = [
+    (torch.tensor([0.05, 0.45, 0.1, 0.4]), torch.tensor([0.4, 0.1, 0.3, 0.2]), k) for k in (1, 2, 3, 4)
+] + [
+    (torch.tensor([0.1, 0.5, 0.1, 0.2, 0.1]), torch.tensor([0.6, 0.0, 0.4, 0.0, 0.0]), 4),
+    (torch.tensor([0.3, 0.0, 0.3, 0.4]), torch.tensor([0.0, 0.5, 0.2, 0.3]), 4),
+    (torch.tensor([0.2, 0.5, 0.3]), torch.tensor([1.0, 0.0, 0.0]), 3),
+]
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 4])
-def test_recursive_rejection_without_replacement_is_exact(k):
-    p = torch.tensor([0.05, 0.45, 0.1, 0.4])
-    q = torch.tensor([0.4, 0.1, 0.3, 0.2])
-    out = _recursive_rejection_output(p, q, k)
-    assert torch.allclose(out, p.double(), atol=1e-6)
+def _level_rows(p: torch.Tensor, q: torch.Tensor, k: int):
+    """Every way the sampler can fill one level of k slots: the ordered draws without
+    replacement of min(k, support) candidates from q, then padding slots (tokens outside q's
+    support, cycled). Rows (p [R, V], q [R, V], candidates [R, k], valid [R, k], probability [R])."""
+    real = min(k, int((q > 0).sum()))
+    outside = [t for t in range(q.shape[0]) if q[t] == 0] or [0]
+    rows = [(list(tup) + [outside[i % len(outside)] for i in range(k - real)], prob)
+            for tup, prob in _without_replacement_orders(q, real)]
+    cands = torch.tensor([c for c, _ in rows])
+    valid = (torch.arange(k) < real).expand(len(rows), k)
+    prob = torch.tensor([w for _, w in rows], dtype=torch.float64)
+    return p.expand(len(rows), -1), q.expand(len(rows), -1), cands, valid, prob
 
 
-def test_recursive_rejection_steps_by_hand():
-    p = torch.tensor([[0.6, 0.4, 0.0]])
-    q = torch.tensor([0.5, 0.25, 0.25])
-    acc, final = recursive_rejection_steps(p, q, torch.tensor([2, 0]))
-    # c1 = 2: p(2)/q(2) = 0 -> reject; p2 = norm(max(p - q, 0)) = [0.1, 0.15, 0] / 0.25.
-    # q2 = q without 2 = [2/3, 1/3, 0]; c2 = 0: p2(0)/q2(0) = 0.4 / (2/3) = 0.6.
-    assert torch.allclose(acc, torch.tensor([[0.0, 0.6]]))
+def _level_output(p: torch.Tensor, q: torch.Tensor, k: int, valid_override=None) -> torch.Tensor:
+    """Exact output law of one level as the sampler verifies it: every way of filling it, all
+    in ONE call of recursive_rejection_rows (the function RejectionRule.verify calls), the first
+    accepted candidate in slot order wins, else a draw from the final residual."""
+    p_rows, q_rows, cands, valid, prob = _level_rows(p, q, k)
+    if valid_override is not None:
+        valid = valid_override(valid)
+    accept, final = verify.recursive_rejection_rows(p_rows, q_rows, cands, valid)
+    accept, final = accept.double(), final.double()
+    out = torch.zeros(len(prob), p.shape[0], dtype=torch.float64)
+    reach = torch.ones(len(prob), dtype=torch.float64)
+    for j in range(k):
+        out.scatter_add_(1, cands[:, j : j + 1], (reach * accept[:, j]).unsqueeze(1))
+        reach = reach * (1 - accept[:, j])
+    out += reach.unsqueeze(1) * final
+    return (prob.unsqueeze(1) * out).sum(0)
+
+
+def _worst_level_error(**kwargs) -> float:
+    return max(float((_level_output(p, q, k, **kwargs) - p.double()).abs().max()) for p, q, k in LEVELS)
+
+
+def test_recursive_rejection_rows_is_exact_with_padding_slots():
+    """Exact enumeration: every level's output law is p, to rounding."""
+    for p, q, k in LEVELS:
+        out = _level_output(p, q, k)
+        assert torch.allclose(out, p.double(), atol=1e-6), (p, q, k, out)
+
+
+def test_recursive_rejection_rows_controls():
+    """The same enumeration rejects the planted faults (they move a level's law by 0.30, 0.20
+    and 0.27; the correct code stays within 1.3e-7): padding slots counted as candidates, q that
+    keeps a rejected candidate's mass, a rejection redrawn from p instead of the residual."""
+    assert _worst_level_error(valid_override=torch.ones_like) > 0.05
+    with planted_fault("q_keeps_rejected_mass") as calls:
+        assert _worst_level_error() > 0.05
+    assert calls.count > 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(verify, "residual", lambda p, q: p)
+        assert _worst_level_error() > 0.05
+
+
+def test_recursive_rejection_rows_by_hand():
+    p = torch.tensor([[0.6, 0.4, 0.0], [0.6, 0.4, 0.0]])
+    q = torch.tensor([[0.5, 0.25, 0.25], [0.5, 0.5, 0.0]])
+    cands = torch.tensor([[2, 0], [0, 2]])
+    valid = torch.tensor([[True, True], [True, False]])  # row 1: q has two tokens, slot 1 pads
+    acc, final = verify.recursive_rejection_rows(p, q, cands, valid)
+    # Row 0: c1 = 2: p(2)/q(2) = 0 -> reject; p2 = norm(max(p - q, 0)) = [0.1, 0.15, 0] / 0.25.
+    # q2 = q without 2 = [2/3, 1/3, 0]; c2 = 0: p2(0)/q2(0) = 0.4 / (2/3) = 0.6;
     # p3 = norm(max(p2 - q2, 0)) = norm([0, 0.6 - 1/3, 0]) = [0, 1, 0].
-    assert torch.allclose(final, torch.tensor([[0.0, 1.0, 0.0]]))
+    # Row 1: c1 = 0: 0.6 / 0.5 -> 1; the padding slot: 0 and the residual unchanged after it.
+    assert torch.allclose(acc, torch.tensor([[0.0, 0.6], [1.0, 0.0]]))
+    assert torch.allclose(final, torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
+
+
+def test_candidate_validity_marks_slots_past_the_support():
+    q = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.1, 0.2, 0.3, 0.4], [0.0, 0.0, 1.0, 0.0]])
+    assert candidate_validity(q, 3).tolist() == [[True, True, False], [True, True, True], [True, False, False]]
 
 
 def test_first_true_picks_the_first_in_draw_order():
@@ -125,49 +181,55 @@ def test_sample_matches_probabilities_and_skips_zeros():
     assert torch.allclose(freq, p, atol=0.01)
 
 
-def test_sample_without_replacement_first_two_follow_plackett_luce():
-    g = torch.Generator().manual_seed(1)
-    q = torch.tensor([0.5, 0.3, 0.2, 0.0])
-    n = 20000
-    pairs = {}
-    for _ in range(n // 1000):
-        for row in range(1000):
-            got = tuple(sample_without_replacement(q, 2, torch.tensor(3), g).tolist())
-            pairs[got] = pairs.get(got, 0) + 1
-    for (a, b), prob in _without_replacement_orders(q, 2):
-        assert abs(pairs.get((a, b), 0) / n - prob) < 0.015
-    assert all(3 not in k for k in pairs)
+def _ordered_pairs_pvalue(cands: torch.Tensor, first: torch.Tensor, q: torch.Tensor) -> float:
+    """Chi-square p-value of the (slot 1, slot 2) pairs of rows drawn for the rows of q [R, V]
+    (each with its own `first`) against Plackett-Luce over q without the row's first token,
+    Bonferroni over the rows. A slot repeating an earlier one is an impossible pair."""
+    v = q.shape[-1]
+    worst = 1.0
+    for row in range(q.shape[0]):
+        rest = q[row].double().clone()
+        rest[first[row]] = 0
+        rest = rest / rest.sum()
+        exact = torch.zeros(v * v, dtype=torch.float64)
+        for (a, b), prob in _without_replacement_orders(rest, 2):
+            exact[a * v + b] = prob
+        got = cands[row :: q.shape[0]]
+        observed = torch.bincount(got[:, 1] * v + got[:, 2], minlength=v * v).double()
+        if bool((observed[exact == 0] > 0).any()):
+            return 0.0
+        keep = exact > 0
+        expected = exact[keep] * observed.sum()
+        worst = min(worst, float(scipy_stats.chisquare(observed[keep].numpy(), expected.numpy()).pvalue))
+    return min(1.0, worst * q.shape[0])
 
 
-def test_sample_without_replacement_excludes_the_given_token():
-    g = torch.Generator().manual_seed(2)
-    q = torch.tensor([0.7, 0.2, 0.1])
-    for _ in range(50):
-        got = sample_without_replacement(q, 2, torch.tensor(0), g).tolist()
-        assert sorted(got) == [1, 2]
+# Rows of q (the chain siblings' batched draw gets many at once): the first slot is the row's
+# draft, given; slots 1 and 2 must be an ordered draw without replacement from q without it.
+PL_Q = torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0], [0.1, 0.2, 0.3, 0.4, 0.0], [0.35, 0.3, 0.2, 0.15, 0.0]])
+PL_FIRST = torch.tensor([0, 3, 1])
+PL_DRAWS = 6000  # per row, in one vectorised draw; the planted control below gave p = 1.5e-278
 
 
 def test_sample_without_replacement_rows_follows_plackett_luce_per_row():
-    """The chain siblings' batched draw: per row, the given first token, then draws without
-    replacement from q (here 3 of them on hand-made rows; a row with support 2 pads its last slot)."""
     g = torch.Generator().manual_seed(3)
-    q = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.2, 0.3, 0.4], [0.0, 0.6, 0.4, 0.0]])
-    first = torch.tensor([0, 3, 1])
-    n = 20000
-    counts = {}
-    for _ in range(n // 2000):
-        got = sample_without_replacement_rows(q.expand(2000, 3, 4).reshape(-1, 4), first.repeat(2000), 3, g)
-        assert (got[:, 0] == first.repeat(2000)).all()
-        for row in range(3):
-            for seq in got[row::3, 1:].tolist():
-                counts[(row, *seq[:1])] = counts.get((row, *seq[:1]), 0) + 1
-    for row in range(3):
-        rest = q[row].clone()
-        rest[first[row]] = 0
-        rest = rest / rest.sum()
-        for token in range(4):
-            assert abs(counts.get((row, token), 0) / n - float(rest[token])) < 0.015, (row, token)
-    assert sample_without_replacement_rows(q, first, 1, g).tolist() == [[0], [3], [1]]
+    reps = PL_Q.repeat(PL_DRAWS, 1)
+    firsts = PL_FIRST.repeat(PL_DRAWS)
+    got = sample_without_replacement_rows(reps, firsts, 3, g)
+    assert (got[:, 0] == firsts).all()
+    assert _ordered_pairs_pvalue(got, PL_FIRST, PL_Q) > 1e-3
+    assert sample_without_replacement_rows(PL_Q, PL_FIRST, 1, g).tolist() == [[0], [3], [1]]
+    # Planted control: the siblings drawn from a tempered q (softmax(0.5 log q)), one of the
+    # sibling laws the tree's exactness rests on ruling out.
+    tempered = torch.softmax(0.5 * torch.log(reps), -1)
+    assert _ordered_pairs_pvalue(sample_without_replacement_rows(tempered, firsts, 3, g), PL_FIRST, PL_Q) < 1e-6
+
+
+def test_sample_without_replacement_rows_never_repeats_a_token_in_the_support():
+    g = torch.Generator().manual_seed(2)
+    q = torch.tensor([[0.7, 0.2, 0.1, 0.0]]).expand(500, -1)
+    got = sample_without_replacement_rows(q, torch.zeros(500, dtype=torch.long), 3, g)
+    assert (got.sort(-1).values == torch.tensor([0, 1, 2])).all()
 
 
 def test_gumbel_noise_depends_on_seed_and_position_only():

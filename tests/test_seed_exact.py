@@ -1,7 +1,11 @@
 """Seed-exact tests: with verify="gumbel", AR, SJD and SJD-PAC return identical tokens.
 
-A tiny random Llama (vocabulary 64, fp32) with its real KV cache: any cache-crop, compaction,
-tree-mask, position-id or CFG-row bug changes some logit and so some token.
+A tiny random Llama (vocabulary 64, fp32, peaked attention) with its real KV cache: any
+cache-crop, compaction, tree-mask, position-id or CFG-row bug changes some logit and so some
+token; the planted position faults below hold the model to that.
+
+To guard a new drafting path (a drafter option), add its SamplerConfig fields to VARIANTS:
+every variant runs against AR at three seeds with CFG off and on.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import pytest
 import torch
 
 import sjd_pac_core as sp
-from exactness_tools import seed_exact_lm
+from exactness_tools import planted_fault, seed_exact_lm
 from sjd_pac_core.models.causal_lm import CausalLMAdapter
 from sjd_pac_core.sampling.tree import build_tree_layout
 
@@ -32,6 +36,7 @@ VARIANTS = [
     dict(method="sjd_pac", window=16, tree_width=3, adaptive_continuation=False),
     dict(method="sjd_pac", window=64, tree_width=4, tree_depth=3),
     dict(method="sjd_pac", window=8, tree_width=2, tree_depth=4, init_proposal="uniform"),
+    dict(method="sjd_pac", window=24, tree_chain_width=2, tree_side_chain=4),  # the default tree, siblings, side chains
 ]
 
 
@@ -51,6 +56,31 @@ def test_all_methods_give_the_ar_tokens(lm, seed, cfg_scale):
         assert out.stats.forward_passes < NUM_TOKENS
         rejected_somewhere |= any(r.first_reject >= 0 for r in out.stats.records)
     assert rejected_somewhere, "the test model is too easy: no draft was ever rejected"
+
+
+# Position-id faults the seed-exact model must see (exactness_tools.FAULTS): the CFG scale
+# under which each can act. Every variant with CFG, or with nodes past depth 8, feeds them.
+POSITION_FAULTS = {"uncond_row_deep_positions": 3.0, "deep_positions": 1.0}
+
+
+@pytest.mark.parametrize("fault", list(POSITION_FAULTS))
+def test_planted_position_faults_change_the_tokens(lm, fault):
+    """The control of the test above: a position id one off in the unconditional row (depth
+    >= 2), or past depth 8, must change the tokens of some variant (a model blind to positions
+    let both through)."""
+    common = dict(verify="gumbel", cfg_scale=POSITION_FAULTS[fault], top_k=40)
+    differ, runs = 0, 0
+    for seed in (0, 1):
+        ar = sp.sample_tokens(lm, PROMPT, NUM_TOKENS, config=sp.SamplerConfig(method="ar", **common),
+                              seed=seed, uncond_prompt_ids=UNCOND)
+        with planted_fault(fault) as calls:
+            for variant in VARIANTS:
+                out = sp.sample_tokens(lm, PROMPT, NUM_TOKENS, config=sp.SamplerConfig(**variant, **common),
+                                       seed=seed, uncond_prompt_ids=UNCOND)
+                differ += not torch.equal(out.tokens, ar.tokens)
+                runs += 1
+        assert calls.count > 0
+    assert differ >= 2, f"planted {fault} changed the tokens of only {differ} of {runs} runs"
 
 
 def test_tree_passes_take_side_branches(lm):

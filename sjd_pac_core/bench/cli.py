@@ -27,22 +27,14 @@ import torch
 from .. import arguments
 from ..settings import config_from_settings
 from .lossless import DEFAULT_CONTROL_TEMPERATURE
-from .methods import (DEFAULT_METHODS, PRESETS, RULE_VARIANTS, RULE_WINDOWS, MethodSpec, parse_methods, rule_grid,
-                      with_rules)
+from .methods import (DEFAULT_METHODS, PRESETS, RULE_VARIANTS, RULE_WINDOWS, MethodSpec, parse_methods,
+                      parse_seeds, rule_grid, with_rules)
 from .report import keep_all
 from .runner import load_prompts
 
 LOSSLESS_METHODS = "sjd-pac@64"
 LOSSLESS_PROMPTS = 2
 LOSSLESS_SEEDS = "0-119"
-
-
-def parse_seeds(text: str) -> List[int]:
-    """'0', '0,3,7', '0-9' or a mix: '0-4,10' (arguments.seed_list's rule, as a ValueError)."""
-    try:
-        return arguments.seed_list(text)
-    except argparse.ArgumentTypeError as exc:
-        raise ValueError(f"--seeds {exc}.") from None
 
 
 def _common_args(p: argparse.ArgumentParser) -> None:

@@ -10,10 +10,12 @@ a tree shape (depth, widths, side chain). `MethodSpec.config` turns a row into t
 
 from __future__ import annotations
 
+import argparse
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import List, Optional, Sequence, Tuple, Union
 
+from .. import arguments
 from ..config import SamplerConfig
 
 # The paper's tables (spec section 6): AR; SJD at L=16, 32; SJD+PD, SJD+AC, SJD-PAC at L=32, 64;
@@ -205,3 +207,38 @@ def method_label(key: str) -> str:
         return parse_method(key).label
     except ValueError:
         return key
+
+
+# The sampling recipe (SamplingRecipe's fields): what every method samples from, not how.
+RECIPE_FIELDS = ("cfg_scale", "temperature", "top_k", "top_p")
+
+
+def method_key(config: SamplerConfig, base: SamplerConfig) -> str:
+    """The key of the row that turns `base` into `config` ('sjd-pac@64', 'sjd@32:rejection',
+    'sjd-pac@32:d2'): MethodSpec.config's inverse, for settings written out field by field. Fields
+    a key has no modifier for are appended as ':field=value', so that two different settings never
+    share a key. The recipe (RECIPE_FIELDS) is not part of a method."""
+    pac = config.method == "sjd_pac"
+    variant = next((name for name, (method, ac, pd, _) in _VARIANTS.items()
+                    if name not in GENERATE_VARIANTS and method == config.method
+                    and (not pac or (ac, pd) == (config.adaptive_continuation, config.proactive_drafting))),
+                   "sjd-pac")
+    has_tree = variant in ("sjd+pd", "sjd-pac")
+    tree = {name: 0 if name == "tree_first_width" and getattr(config, name) is None else getattr(config, name)
+            for name, _ in _TREE_KNOBS.values() if has_tree and getattr(config, name) != getattr(base, name)}
+    spec = MethodSpec(variant, None if variant in AR_VARIANTS else config.window,
+                      verify=config.verify if config.verify != base.verify else None, compiled=config.compile, **tree)
+    row = spec.config(base.with_(**{name: getattr(config, name) for name in RECIPE_FIELDS}))
+    rest = [f":{f.name}={getattr(config, f.name)}" for f in fields(SamplerConfig)
+            if getattr(config, f.name) != getattr(row, f.name)
+            and (pac or f.name not in ("adaptive_continuation", "proactive_drafting"))]
+    return spec.key + "".join(rest)
+
+
+def parse_seeds(text: str) -> List[int]:
+    """'0', '0,3,7', '0-9' or a mix: '0-4,10' (the rule of arguments.seed_list: at most
+    arguments.MAX_SEEDS seeds, none twice), refused as a ValueError."""
+    try:
+        return arguments.seed_list(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"--seeds {exc}.") from None

@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from ..config import SamplerConfig
-from ..generate import generate_image
+from ..generate import ImageResult, generate_image
 from ..models.image_model import ARImageModel
 from .environment import cost_curves, environment, loadavg
 from .methods import MethodSpec, parse_method
@@ -47,24 +47,30 @@ def load_prompts(source: str, limit: Optional[int] = None) -> List[str]:
 # --- one run ---------------------------------------------------------------------------------
 
 
-def _digest(tokens: torch.Tensor) -> str:
-    return hashlib.sha1(tokens.cpu().to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+def token_digest(tokens: torch.Tensor) -> str:
+    """sha256 of the tokens as int64 bytes: equal digests <=> equal tokens (the bench and the batch)."""
+    return hashlib.sha256(tokens.detach().cpu().to(torch.int64).contiguous().numpy().tobytes()).hexdigest()
+
+
+def record_of(result: ImageResult, latency: float, method: str = "", prompt_index: int = 0,
+              order: int = 0) -> RunRecord:
+    """The RunRecord of one generate_image call that took `latency` seconds."""
+    stats = result.stats
+    return RunRecord(
+        method=method or result.config.method, prompt_index=prompt_index, seed=result.seed, order=order,
+        tokens=stats.tokens_committed, forward_passes=stats.forward_passes,
+        step_compression=stats.step_compression, latency_s=latency, sampler_s=stats.wall_time,
+        forward_s=stats.forward_time, accept_lengths=list(stats.accept_lengths),
+        windows=[r.window for r in stats.records], tree_nodes=sum(r.tree_nodes for r in stats.records),
+        kept_by_ac=sum(r.kept_by_ac for r in stats.records), token_digest=token_digest(result.tokens),
+    )
 
 
 def run_one(model: ARImageModel, prompt: str, config: SamplerConfig, seed: int, method: str = "",
             prompt_index: int = 0, order: int = 0) -> RunRecord:
     start = time.perf_counter()
     result = generate_image(model, prompt, config=config, seed=seed)
-    latency = time.perf_counter() - start
-    stats = result.stats
-    return RunRecord(
-        method=method or config.method, prompt_index=prompt_index, seed=seed, order=order,
-        tokens=stats.tokens_committed, forward_passes=stats.forward_passes,
-        step_compression=stats.step_compression, latency_s=latency, sampler_s=stats.wall_time,
-        forward_s=stats.forward_time, accept_lengths=list(stats.accept_lengths),
-        windows=[r.window for r in stats.records], tree_nodes=sum(r.tree_nodes for r in stats.records),
-        kept_by_ac=sum(r.kept_by_ac for r in stats.records), token_digest=_digest(result.tokens),
-    )
+    return record_of(result, time.perf_counter() - start, method, prompt_index, order)
 
 
 def run_generate(model: ARImageModel, baseline, prompt: str, config: SamplerConfig, seed: int,
@@ -83,7 +89,7 @@ def run_generate(model: ARImageModel, baseline, prompt: str, config: SamplerConf
     return RunRecord(
         method=method, prompt_index=prompt_index, seed=seed, order=order, tokens=n, forward_passes=n,
         step_compression=1.0, latency_s=latency, sampler_s=out.seconds, forward_s=None,
-        accept_lengths=[1] * n, windows=[0] * n, tree_nodes=0, kept_by_ac=0, token_digest=_digest(out.tokens),
+        accept_lengths=[1] * n, windows=[0] * n, tree_nodes=0, kept_by_ac=0, token_digest=token_digest(out.tokens),
     )
 
 

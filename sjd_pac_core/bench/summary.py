@@ -40,7 +40,7 @@ class RunRecord:
     windows: List[int]  # draft window of each pass (what window="auto" chose)
     tree_nodes: int  # PD side nodes fed over the run
     kept_by_ac: int  # drafts AC kept over the run
-    token_digest: str  # sha1 of the tokens (equal tokens <=> equal digest)
+    token_digest: str  # runner.token_digest: sha256 of the int64 tokens (equal tokens <=> equal digest)
 
     @property
     def overhead_s(self) -> Optional[float]:

@@ -17,9 +17,11 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from ..config import ConfigError
 from ..transfer import to_device
 from ..sampling import tree as tree_lib
 from .base import DecoderSession, TokenModel
+from .config_checks import sliding_window, window_message
 from .kv_cache import CacheCursor, TreeKVCache
 
 # Cache entries a session reserves beyond its prompt when the sampler does not say how many.
@@ -83,7 +85,20 @@ class CausalLMSession(DecoderSession):
         self.key_valid = self.columns.unsqueeze(0) >= self.pad.unsqueeze(1)
         self.masks = {}
 
+    def _check_window(self, positions: int, need: str) -> None:
+        """A model with a sliding attention window is sampled exactly only while every position
+        of the run fits in the window (our masks let each position see all earlier ones)."""
+        window = self.adapter.sliding_window
+        if window is not None and positions > window:
+            raise ConfigError(window_message(
+                type(self.adapter.model).__name__, window, need,
+                "ask for fewer tokens (a run that fits in the window is exact), or use a model without "
+                "sliding-window attention"))
+
     def configure(self, extra_tokens: int, vocabulary: Optional[torch.Tensor] = None, compile: bool = False) -> None:
+        self._check_window(self.width + extra_tokens, (
+            f"this run reserves {self.width + extra_tokens:,} positions (the {self.width}-token prompt, the tokens "
+            "asked for and room for one pass)"))
         capacity = self.width + extra_tokens
         if compile:
             capacity = -(-capacity // COMPILED_CAPACITY_STEP) * COMPILED_CAPACITY_STEP
@@ -107,6 +122,7 @@ class CausalLMSession(DecoderSession):
 
     def prefill(self) -> torch.Tensor:
         width = self.prompt_ids.shape[1]
+        self._check_window(width, f"the prompt alone has {width:,} tokens")
         causal = torch.ones(width, width, dtype=torch.bool, device=self.prompt_ids.device).tril()
         # Padding queries attend to themselves so their states stay finite (a fully masked row
         # gives NaN, and NaN values poison later layers even behind a zero attention weight).
@@ -155,6 +171,7 @@ class CausalLMSession(DecoderSession):
     def forward(self, tokens: torch.Tensor, depths: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
         b = self.prompt_ids.shape[0]
         size, past = int(tokens.shape[0]), self.past
+        self._check_window(past + size, f"this pass reaches position {past + size:,}")
         self._ensure_capacity(past + size)
         mask = self._mask(attend, past, size)
         positions = tree_lib.tree_position_ids(depths, self._next_positions())
@@ -217,6 +234,9 @@ class CausalLMAdapter(TokenModel):
         vocab = int(getattr(head, "out_features", None) or head.weight.shape[0])
         self.token_space = None if token_space is None else token_space.to(self.device)
         self.vocab_size = vocab if token_space is None else int(token_space.shape[0])
+        # Where the model attends over a sliding window shorter than its context, its length: a run
+        # is exact (and allowed) only while all its positions fit in it.
+        self.sliding_window = sliding_window(model.config)
         self.restricted_ids: Optional[torch.Tensor] = None  # restricted head: these rows only
         self.restricted_rows: Optional[torch.Tensor] = None
         self._compiled = None

@@ -9,7 +9,6 @@ parameter names, so the checkpoint's state dict loads into it key for key.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Tuple
@@ -196,41 +195,66 @@ class ChameleonVQGANDecoder(nn.Module):
         return out.permute(0, 2, 3, 1).cpu()
 
 
-def _read_state_dict(ckpt_path: Path) -> Dict[str, torch.Tensor]:
-    try:
-        blob = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure lands here
-        if "weights_only" not in str(exc) and "Unsupported" not in str(exc):
+# Re-saves a trusted vqgan.ckpt's state dict as vqgan.safetensors (run in the file's folder).
+CONVERT_COMMAND = (
+    "python -c \"import torch; from safetensors.torch import save_file; "
+    "sd = torch.load('vqgan.ckpt', weights_only=False)['state_dict']; "
+    "save_file({k: v.contiguous() for k, v in sd.items()}, 'vqgan.safetensors')\""
+)
+
+
+def _read_state_dict(weights_path: Path) -> Dict[str, torch.Tensor]:
+    """The decoder's weights from vqgan.safetensors or vqgan.ckpt, never unpickling an object.
+
+    Meta's vqgan.ckpt is a dict holding a "state_dict" of tensors, which torch's weights-only
+    loader reads (transformers' own Chameleon converter reads it with weights_only=True). Any other
+    pickled object in the file - a Lightning callback, or code planted in a crafted file - is
+    refused, with the command that re-saves the tensors as vqgan.safetensors.
+    """
+    if weights_path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        from .checks import ModelLoadError, check_safetensors
+
+        try:
+            check_safetensors(weights_path)
+            return load_file(str(weights_path))
+        except ModelLoadError as exc:
+            raise VQGANLoadError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type
             raise VQGANLoadError(
-                f"{ckpt_path} cannot be read ({type(exc).__name__}); it is probably truncated - "
-                "download vqgan.ckpt again."
+                f"{weights_path} cannot be read ({type(exc).__name__}); convert vqgan.ckpt to it again."
             ) from None
-        # Lightning checkpoints may pickle training state besides the tensors; Meta's file is a
-        # known artifact, so fall back to a full load, loudly.
-        warnings.warn(
-            f"{ckpt_path} holds more than tensors; loading it with full unpickling (only do this for "
-            "the vqgan.ckpt from Meta / Lumina-mGPT).",
-            stacklevel=3,
-        )
-        blob = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    try:
+        blob = torch.load(weights_path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure lands here
+        if "weights_only" in str(exc) or "Weights only" in str(exc) or "Unsupported" in str(exc):
+            raise VQGANLoadError(
+                f"{weights_path} holds Python objects besides tensors, which sjd-pac never unpickles because a "
+                "crafted file could run code; use the vqgan.ckpt of Lumina-mGPT's ckpts/chameleon/tokenizer/ "
+                "folder (plain tensors), or, only if you trust this file, re-save its tensors in its folder "
+                f"with `{CONVERT_COMMAND}` (vqgan.safetensors is then read instead)."
+            ) from None
+        raise VQGANLoadError(
+            f"{weights_path} cannot be read ({type(exc).__name__}); it is probably truncated - "
+            "download vqgan.ckpt again."
+        ) from None
     state = blob.get("state_dict", blob) if isinstance(blob, dict) else None
-    if not isinstance(state, dict):
-        raise VQGANLoadError(f"{ckpt_path} has no 'state_dict'; download vqgan.ckpt again.")
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise VQGANLoadError(f"{weights_path} has no 'state_dict' of tensors; download vqgan.ckpt again.")
     return state
 
 
 def load_chameleon_vqgan(
-    yaml_path: Path, ckpt_path: Path, device: torch.device, dtype: torch.dtype = torch.float32
+    yaml_path: Path, weights_path: Path, device: torch.device, dtype: torch.dtype = torch.float32
 ) -> ChameleonVQGANDecoder:
-    """Build the decoder from vqgan.yaml and load its weights from vqgan.ckpt.
+    """Build the decoder from vqgan.yaml and load its weights from vqgan.ckpt (or vqgan.safetensors).
 
     Only decoder-side keys are taken (the encoder and any GAN-loss weights are skipped); a missing
     or surplus decoder key means the yaml and the checkpoint do not belong together.
     """
     cfg = VQGANConfig.from_yaml(yaml_path)
-    state = _read_state_dict(ckpt_path)
+    state = _read_state_dict(weights_path)
     wanted = ("decoder.", "post_quant_conv.", "quantize.embedding.")
     state = {k: v for k, v in state.items() if k.startswith(wanted)}
     with torch.device("meta"):
@@ -240,13 +264,13 @@ def load_chameleon_vqgan(
     if missing or surplus:
         detail = f"missing {missing[:3]}" if missing else f"unexpected {surplus[:3]}"
         raise VQGANLoadError(
-            f"{ckpt_path} does not match {yaml_path.name} ({detail}); download both files again "
+            f"{weights_path} does not match {yaml_path.name} ({detail}); download both files again "
             "from the same ckpts/chameleon/tokenizer/ folder."
         )
     for key, tensor in model.state_dict().items():
         if tuple(state[key].shape) != tuple(tensor.shape):
             raise VQGANLoadError(
-                f"{ckpt_path} does not match {yaml_path.name} ({key} has shape "
+                f"{weights_path} does not match {yaml_path.name} ({key} has shape "
                 f"{tuple(state[key].shape)}, expected {tuple(tensor.shape)}); download both files again."
             )
     model.load_state_dict(state, assign=True)

@@ -7,6 +7,7 @@ families never import the loader (the loader imports them lazily through its tab
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -18,16 +19,61 @@ class ModelLoadError(ValueError):
 
 
 
+# Every safetensors data type (safetensors 0.8) and its width in bits.
+SAFETENSORS_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "F8_E5M2": 8, "F8_E4M3": 8,
+                    "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+                    "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64}
+
+
+def is_integer_dtype(dtype: str) -> bool:
+    """A safetensors integer or bool type (no floating-point weight can be stored as one)."""
+    return dtype == "BOOL" or dtype[0] in "IU"
+
+
+def require_file(path: Path) -> None:
+    """A weight file must be a regular file: one sentence for a folder or a broken link."""
+    if path.is_dir():
+        raise ModelLoadError(
+            f"{path} is a folder, not a weight file; remove or rename it (the weights are *.safetensors files)."
+        )
+    if not path.exists():
+        target = path.readlink() if path.is_symlink() else None
+        raise ModelLoadError(
+            f"{path} is a link to {target}, which does not exist; download the file again or fix the link."
+            if target is not None else f"{path} does not exist; download it again."
+        )
+
+
+class _DuplicateName(ValueError):
+    pass
+
+
+def _no_duplicates(pairs):
+    names = [name for name, _ in pairs]
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise _DuplicateName(name)
+        seen.add(name)
+    return dict(pairs)
+
+
 def read_safetensors_header(path: Path) -> dict:
-    """The JSON header of a .safetensors file, checked: a dict of tensor entries, each with a
-    dtype, a shape and data_offsets that lie inside the file. ModelLoadError naming the file."""
+    """The JSON header of a .safetensors file, checked: a dict of tensor entries, each named once,
+    with a known dtype, a shape and data_offsets that hold exactly that many bytes, laid end to end
+    as safetensors requires. ModelLoadError naming the file and the fix."""
+    require_file(path)
     size = path.stat().st_size
     try:
         with open(path, "rb") as f:
             (header_len,) = struct.unpack("<Q", f.read(8))
             if header_len <= 0 or 8 + header_len > size:
                 raise ValueError("header longer than the file")
-            header = json.loads(f.read(header_len).decode("utf-8"))
+            header = json.loads(f.read(header_len).decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except _DuplicateName as name:
+        raise ModelLoadError(
+            f"{path} names the weight {name} twice in its header, so the file is damaged; download it again."
+        ) from None
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
         raise ModelLoadError(
             f"{path} is not a readable safetensors file ({exc}); download it again."
@@ -51,6 +97,23 @@ def read_safetensors_header(path: Path) -> dict:
                 f"{path} has a broken header entry for the weight {name} (no valid shape and "
                 "data_offsets); download it again."
             )
+        dtype = entry.get("dtype")
+        if not isinstance(dtype, str) or dtype not in SAFETENSORS_BITS:
+            raise ModelLoadError(
+                f"{path} stores the weight {name} as {dtype!r}, which is not a safetensors data type, so the "
+                "header is damaged; download it again."
+            )
+        need = math.prod(shape) * SAFETENSORS_BITS[dtype]
+        if need != 8 * (offsets[1] - offsets[0]):
+            raise ModelLoadError(
+                f"{path} gives the weight {name} ({dtype}, shape {_shape(shape)}) {offsets[1] - offsets[0]:,} bytes, "
+                f"but that type and shape take {need / 8:,g}, so the header is damaged; download it again."
+            )
+    spans = sorted(tuple(v["data_offsets"]) for k, v in header.items() if k != "__metadata__")
+    if any(a[1] != b[0] for a, b in zip(spans, spans[1:])) or (spans and spans[0][0] != 0):
+        raise ModelLoadError(
+            f"{path} has weights whose data overlap or leave gaps, so the header is damaged; download it again."
+        )
     return header
 
 
@@ -64,6 +127,11 @@ def check_safetensors(path: Path) -> None:
     if 8 + header_len + end > size:
         raise ModelLoadError(
             f"{path} is truncated ({size:,} of {8 + header_len + end:,} bytes); download it again."
+        )
+    if 8 + header_len + end < size:
+        raise ModelLoadError(
+            f"{path} has {size - 8 - header_len - end:,} bytes after its last weight, which its header does not "
+            "describe, so the file is damaged; download it again."
         )
 
 
@@ -114,10 +182,6 @@ def read_weight_map(index_path: Path) -> Dict[str, str]:
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ModelLoadError(f"{index_path} has no valid weight_map (weight -> shard file); download it again.")
     return weight_map
-
-
-_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "I64": 8, "I32": 4, "F16": 2, "BF16": 2, "I16": 2,
-                      "U8": 1, "I8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 def checkpoint_numel(folder: Path) -> int:
@@ -234,6 +298,33 @@ def check_checkpoint_matches(path: Path, expected: Dict[str, torch.Size]) -> Non
     )
     if problem is not None:
         raise ModelLoadError(problem)
+
+
+def model_weight_files(folder: Path) -> List[Path]:
+    """The files from_pretrained reads: the shards the index names, else model.safetensors (a
+    tokenizer's own weights, such as vqgan.safetensors, may sit next to them)."""
+    index_path = folder / INDEX_NAME
+    if index_path.is_file():
+        return [folder / name for name in sorted(set(read_weight_map(index_path).values()))]
+    single = folder / "model.safetensors"
+    return [single] if single.is_file() else sorted(folder.glob("*.safetensors"))
+
+
+def check_weight_dtypes(folder: Path, floating: Dict[str, bool], files: Optional[List[Path]] = None) -> None:
+    """An integer or bool tensor in a weight file where the model (built from config.json on the
+    meta device; floating: its state-dict name -> is floating point) holds a floating-point one is
+    a damaged header: F32 rewritten as I32 has the same width, so it would load without a word."""
+    names = list(floating)
+    for path in files if files is not None else model_weight_files(folder):
+        for key, entry in read_safetensors_header(path).items():
+            if key == "__metadata__" or not is_integer_dtype(entry["dtype"]):
+                continue
+            match = _find_key(key, names, fuzzy=True)
+            if match is not None and floating[match]:
+                raise ModelLoadError(
+                    f"{path} stores the weight {key} as {entry['dtype']} (integers), but the model holds it in "
+                    f"floating point, so the file's header is damaged; download {path.name} again."
+                )
 
 
 # Checked by default up to this many parameters (the demo, small models); larger models check

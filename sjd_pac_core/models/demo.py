@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -15,10 +15,10 @@ from ..demo.model import DemoModel, load_demo
 from ..config import ConfigError
 from ..demo import VOCAB_FILE
 from ..demo.captions import PromptError, caption_words, parse_prompt
-from ..demo.vq import VQ_CONFIG, VQ_WEIGHTS
+from ..demo.vq import VQ_CONFIG, VQ_WEIGHTS, VQConfig, VQModel
 from .causal_lm import CausalLMAdapter
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
-from .checks import ModelLoadError, check_checkpoint_matches
+from .checks import ModelLoadError, check_checkpoint_matches, check_weight_dtypes
 
 
 # `demo.tools.train` builds a 1D-RoPE Llama (its default, the shipped model) or a GPT-2 with learned
@@ -50,6 +50,18 @@ def folder_defaults(folder: Path, base: FamilyDefaults) -> FamilyDefaults:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             changes[field] = int(value) if field == "top_k" else float(value)
     return dataclasses.replace(base, **changes) if changes else base
+
+
+def _vq_floating(folder: Path) -> Dict[str, bool]:
+    """The demo VQ's state-dict names -> is floating point, built on the meta device from its
+    config (empty when the config is unreadable: loading the VQ then says why)."""
+    try:
+        config = VQConfig(**json.loads((folder / VQ_CONFIG).read_text()))
+        with torch.device("meta"):
+            vq = VQModel(config)
+    except Exception:  # noqa: BLE001 - any unreadable config
+        return {}
+    return {name: t.is_floating_point() for name, t in vq.state_dict().items()}
 
 
 class DemoImageModel(ARImageModel):
@@ -98,7 +110,10 @@ class DemoImageModel(ARImageModel):
         model_config = AutoConfig.for_model(**config)
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(model_config)
-        check_checkpoint_matches(folder / "model.safetensors", {k: v.shape for k, v in skeleton.state_dict().items()})
+        state = skeleton.state_dict()
+        check_checkpoint_matches(folder / "model.safetensors", {k: v.shape for k, v in state.items()})
+        check_weight_dtypes(folder, {k: v.is_floating_point() for k, v in state.items()}, [folder / "model.safetensors"])
+        check_weight_dtypes(folder, _vq_floating(folder), [folder / VQ_WEIGHTS])
         try:
             demo = load_demo(str(folder), dtype=dtype)
         except (OSError, ValueError, RuntimeError, KeyError) as exc:
@@ -173,8 +188,10 @@ class DemoImageModel(ARImageModel):
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
-        tokens = tokens.reshape(-1, self.layout.num_tokens)
-        codes = self._codes(self.layout.grid(tokens.cpu())).to(self.device)
+        rows = self.decode_rows(tokens)
+        codes_ids = (self.vocab.image_offset, self.vocab.image_offset + self.vocab.codebook_size)
+        self.check_image_tokens(rows, self.layout, codes_ids, self.check_resolution(resolution))
+        codes = self._codes(self.layout.grid(rows)).to(self.device)
         arrays = self.demo.vq.decode_to_uint8(codes)
         return [Image.fromarray(a) for a in arrays]
 

@@ -167,24 +167,13 @@ class Emu3ImageModel(ARImageModel):
         )
 
     # --- pixels -------------------------------------------------------------------------------
-    def _resolution_of(self, tokens: torch.Tensor, resolution: Optional[str]) -> str:
-        if resolution is not None:
-            return self.check_resolution(resolution)
-        matches = [r for r in self.sizes if self.layout(r).num_tokens == tokens.shape[-1]]
-        if self._last_resolution in matches:  # what encode_prompt last set up
-            return self._last_resolution
-        if self.defaults.resolution in matches:  # e.g. 90x91 and 91x90 have equal lengths
-            return self.defaults.resolution
-        if len(matches) != 1:
-            raise ValueError(f"{tokens.shape[-1]} tokens do not identify an Emu3 resolution; pass resolution=.")
-        return matches[0]
-
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
-        tokens = tokens.reshape(-1, tokens.shape[-1]).cpu()
-        size = self.sizes[self._resolution_of(tokens, resolution)]
-        # Back to the model's ids (codes outside the codebook cannot occur: constraints forbid them).
-        bpe = self.token_space[tokens.clamp(0, len(self.token_space) - 1)]
+        rows = self.decode_rows(tokens)
+        resolution = self.resolution_for(rows.shape[-1], resolution, self.layout)
+        size = self.sizes[resolution]
+        self.check_image_tokens(rows, self.layout(resolution), (0, self.num_codes), resolution)
+        bpe = self.token_space[rows]  # back to the model's ids
         device = self.model.model.vqmodel.quantize.embedding.weight.device
         pixels = self.model.decode_image_tokens(image_tokens=bpe.to(device), height=size.rows, width=size.cols)
         return postprocess_to_pil(self.processor, pixels)

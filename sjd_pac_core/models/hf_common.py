@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from transformers import PreTrainedModel
 
-from .checks import ModelLoadError, check_loading_info
+from .checks import ModelLoadError, check_loading_info, check_weight_dtypes
 
 
 def pixels_to_pil(pixels: torch.Tensor, channels_last: bool = False) -> List[Image.Image]:
@@ -62,6 +62,18 @@ class LoadOptions:
     offload_folder: Optional[Path] = None  # where device_map's "disk" entries go
 
 
+def floating_weights(cls: Type[PreTrainedModel], folder: Path) -> Optional[Dict[str, bool]]:
+    """The model's state-dict names -> is floating point, from config.json on the meta device (no
+    memory, no weights); None when the config cannot build it (loading then says why)."""
+    try:
+        config = cls.config_class.from_pretrained(folder)
+        with torch.device("meta"):
+            skeleton = cls(config)
+    except Exception:  # noqa: BLE001 - from_pretrained reports a config it cannot build
+        return None
+    return {name: t.is_floating_point() for name, t in skeleton.state_dict().items()}
+
+
 def load_pretrained(
     cls: Type[PreTrainedModel],
     folder: Path,
@@ -80,6 +92,9 @@ def load_pretrained(
     and the loading info and returns the info without the entries it fixed. prepare: drops what
     sampling never uses (LM head rows), before the model moves to the device.
     """
+    floating = floating_weights(cls, folder)
+    if floating is not None:
+        check_weight_dtypes(folder, floating)
     options = options or LoadOptions()
     device_map = options.device_map
     if device_map is None and options.quantization is not None and device.type != "cpu":

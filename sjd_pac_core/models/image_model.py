@@ -130,6 +130,9 @@ class ARImageModel(ABC):
     memory_plan = None  # load_model's MemoryPlan (None for the demo model)
     defaults: FamilyDefaults
     token_model: TokenModel
+    # The resolution encode_prompt last set up (families with several sizes): what decode reads
+    # tokens as when several sizes have as many tokens, and what preview shows when not told.
+    _last_resolution: Optional[str] = None
 
     @property
     def device(self) -> torch.device:
@@ -155,7 +158,81 @@ class ARImageModel(ABC):
 
     @abstractmethod
     def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
-        """Image tokens [num_tokens] or [B, num_tokens] (sampler token space) -> PIL images."""
+        """Image tokens [num_tokens] or [B, num_tokens] (sampler token space) -> PIL images.
+
+        Tokens that cannot be this model's image - another length than the resolution's layout,
+        or an id outside the codebook at an image position (another model's tokens) - are a
+        ConfigError before any decoding (`decode_rows`, `check_image_tokens`)."""
+
+    # --- decode's input checks ----------------------------------------------------------------
+    _DECODE_FIX = "pass tokens this model sampled (a result's tokens; another model's tokens do not decode)"
+
+    def decode_rows(self, tokens: object) -> torch.Tensor:
+        """decode's tokens as a long [B, num_tokens] tensor on the CPU; ConfigError for anything
+        that is not one image's or a batch's integer token ids."""
+        if not isinstance(tokens, torch.Tensor):
+            try:
+                tokens = torch.as_tensor(tokens)
+            except (TypeError, ValueError, RuntimeError):
+                raise ConfigError(
+                    f"decode needs image tokens (a LongTensor of ids), got a {type(tokens).__name__}; "
+                    f"{self._DECODE_FIX}."
+                ) from None
+        if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
+            raise ConfigError(f"decode needs integer token ids, got a {tokens.dtype} tensor; {self._DECODE_FIX}.")
+        if tokens.dim() not in (1, 2) or tokens.numel() == 0:
+            raise ConfigError(
+                f"decode needs one image's tokens [num_tokens] or a batch [B, num_tokens], got shape "
+                f"{list(tokens.shape)}; {self._DECODE_FIX}."
+            )
+        return tokens.reshape(-1, tokens.shape[-1]).long().cpu()
+
+    def resolution_for(self, count: int, resolution: Optional[str], layout_of) -> str:
+        """The resolution of `count` tokens per image: the one given (checked), else the one whose
+        layout (layout_of(resolution)) has that many tokens - the last encoded or the default first
+        where several do (e.g. a transposed size)."""
+        if resolution is not None:
+            return self.check_resolution(resolution)
+        matches = [r for r in self.defaults.resolutions if layout_of(r).num_tokens == count]
+        for preferred in (self._last_resolution, self.defaults.resolution):
+            if preferred in matches:
+                return preferred
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise ConfigError(
+                f"{count:,} tokens fit several {self.family} sizes ({', '.join(matches)}); pass resolution=."
+            )
+        sizes = ", ".join(f"{r}: {layout_of(r).num_tokens:,}" for r in self.defaults.resolutions)
+        raise ConfigError(
+            f"decode got {count:,} tokens per image, which is no {self.family} image size ({sizes}); "
+            f"{self._DECODE_FIX}."
+        )
+
+    def check_image_tokens(self, rows: torch.Tensor, layout: ImageLayout, codes: Tuple[int, int],
+                           resolution: str) -> torch.Tensor:
+        """rows (from decode_rows) must have the layout's length, ids of the sampler's token space,
+        and image codes (ids codes[0]..codes[1]-1) at every image position."""
+        if rows.shape[-1] != layout.num_tokens:
+            raise ConfigError(
+                f"decode got {rows.shape[-1]:,} tokens per image, but a {resolution} {self.family} image has "
+                f"{layout.num_tokens:,}; {self._DECODE_FIX}."
+            )
+        vocab = self.token_model.vocab_size
+        outside = rows[(rows < 0) | (rows >= vocab)]
+        if outside.numel():
+            raise ConfigError(
+                f"decode got the id {int(outside[0])}, outside the {vocab:,} ids of {self.family}'s token space; "
+                f"{self._DECODE_FIX}."
+            )
+        grid = layout.grid(rows)
+        off_code = grid[(grid < codes[0]) | (grid >= codes[1])]
+        if off_code.numel():
+            raise ConfigError(
+                f"decode got the id {int(off_code[0])} where an image code belongs, but {self.family} image codes "
+                f"are the ids {codes[0]}..{codes[1] - 1}; {self._DECODE_FIX}."
+            )
+        return rows
 
     def preview(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> Optional[Image.Image]:
         """A picture of a partially sampled image; families override with something cheaper."""

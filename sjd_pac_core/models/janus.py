@@ -131,7 +131,7 @@ class JanusImageModel(ARImageModel):
     # --- pixels -------------------------------------------------------------------------------
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
-        codes = tokens.reshape(-1, self.layout.num_tokens).clamp(0, self.num_codes - 1)
+        codes = self.check_image_tokens(self.decode_rows(tokens), self.layout, (0, self.num_codes), self.resolution)
         device = self.model.model.vqmodel.quantize.embedding.weight.device
         pixels = self.model.decode_image_tokens(codes.to(device))  # [B, H, W, 3]
         # Channels first: the processor's PIL backend (used without torchvision) misreads channels-last input.

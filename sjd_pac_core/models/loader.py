@@ -48,23 +48,57 @@ def _family_class(spec: str):
     return getattr(importlib.import_module(module), cls)
 
 
-def resolve_device(device: Union[str, torch.device] = "auto") -> torch.device:
-    """"auto" -> cuda, else mps, else cpu; an explicit device that is not there is an error."""
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def valid_devices() -> List[str]:
+    """The device names a model can run on here ("auto" first)."""
+    cuda = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return ["auto", "cpu"] + (["cuda"] + cuda if cuda else []) + (["mps"] if _mps_available() else [])
+
+
+def resolve_device(device: Union[str, int, torch.device] = "auto") -> torch.device:
+    """"auto" -> cuda, else mps, else cpu; an explicit device that is not there is an error.
+
+    An int N (or the string of its digits) means cuda:N, as in torch.device(N). Only the CPU, CUDA
+    and MPS run models: any other device (the meta device holds no data, 'tpu' is not a PyTorch
+    device) is one sentence that lists the devices available here."""
+    choose = "choose one of " + ", ".join(repr(d) for d in valid_devices())
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise ModelLoadError(
+            f"device must be a device name or a CUDA index, got {device!r} of type {type(device).__name__}; {choose}."
+        )
+    if isinstance(device, int):
+        if device < 0:
+            raise ModelLoadError(f"device={device} is not a CUDA index (0, 1, ...); {choose}.")
+        device = f"cuda:{device}"
     name = str(device)
+    if name.isdigit():
+        name = f"cuda:{name}"
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        if _mps_available():
             return torch.device("mps")
         return torch.device("cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ModelLoadError(f"{name!r} is not a device name; {choose}.") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(
             "CUDA was asked for but this PyTorch has no CUDA device; use device='cpu' or 'auto', "
             "or install a CUDA build of PyTorch."
         )
-    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ModelLoadError(f"There is no CUDA device {dev.index} here; {choose}.")
+    if dev.type == "mps" and not _mps_available():
         raise ModelLoadError("MPS was asked for but is not available here; use device='cpu' or 'auto'.")
-    return torch.device(name)
+    if dev.type not in ("cpu", "cuda", "mps"):
+        what = "holds no data, so a model cannot run on it" if dev.type == "meta" else "is not supported"
+        raise ModelLoadError(f"The device {name!r} {what}; {choose}.")
+    return dev
 
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
@@ -147,13 +181,19 @@ def _rebuild_demo(exc: ModelLoadError) -> ModelLoadError:
 
 
 def model_family(path: Union[str, os.PathLike]) -> Tuple[Path, dict, str]:
-    """(folder, config, family) of a checkpoint folder or "demo", from the small files only."""
+    """(folder, config, family) of a checkpoint folder or "demo", from the small files only; a
+    config.json value no model can be built from is a ModelLoadError."""
+    from .config_checks import check_config_values
+
     folder = resolve_folder(path)
+    family = None
     try:
         config = read_config(folder)
-        return folder, config, detect_family(folder, config)
+        family = detect_family(folder, config)
+        check_config_values(folder / "config.json", config)
+        return folder, config, family
     except ModelLoadError as exc:
-        if folder != DEMO_FOLDER:
+        if folder != DEMO_FOLDER and family != "demo":
             raise
         raise _rebuild_demo(exc) from None
 
@@ -175,6 +215,21 @@ def memory_plan(
         return None
     dev = resolve_device(device)
     return plan_memory(cls.memory_shape(config, folder), dev, resolve_dtype(dtype, dev), resolution, rows=rows)
+
+
+def check_family_window(folder: Path, config: dict, shape) -> None:
+    """A sliding attention window shorter than the family's smallest image (plus one prompt token)
+    makes every run inexact: refused before any weight is read. A longer window is checked per run
+    (the sampler's session refuses a run that does not fit in it)."""
+    from .config_checks import config_sliding_window, window_message
+
+    window = config_sliding_window(config)
+    shortest = min(shape.image_tokens.values()) + 1
+    if window is not None and window < shortest:
+        raise ModelLoadError(window_message(
+            f"The model in {folder}", window,
+            f"even its smallest image needs {shortest:,} positions with a one-token prompt",
+            "use a checkpoint without sliding-window attention (or whose window covers its images)"))
 
 
 def _choose_precision(plan, quantize: str, dev: torch.device, spread: bool) -> str:
@@ -206,6 +261,8 @@ def load_model(
 ) -> ARImageModel:
     """Load the bundled demo model ("demo") or a local checkpoint folder of a supported family.
 
+    device: "auto" (CUDA, else MPS, else the CPU), "cpu", "cuda", "cuda:N", "mps", a torch.device or
+    an int N (cuda:N); anything else is one sentence listing the devices available here.
     quantize: "none", "int8" or "4bit" (weight-only: the decoder layers' linear weights, quantized
     as they load), or "auto": the most precise that fits the device by the memory plan. Every
     check - the folder, the family, the weight files, the scheme's library, the plan against free
@@ -253,6 +310,7 @@ def load_model(
             cls.load(folder, config, torch_dtype, dev)
             raise ModelLoadError(f"{folder / 'config.json'} does not describe a model sjd-pac can plan for; "
                                  "download config.json of the checkpoint again.")
+        check_family_window(folder, config, shape)
         plan = plan_memory(shape, dev, torch_dtype)
         spread = device_map is not None
         if not spread and str(device) == "auto" and dev.type == "cuda" and quantize == "none" and not plan.fits("none"):

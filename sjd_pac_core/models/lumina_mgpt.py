@@ -135,10 +135,18 @@ class LuminaLayoutChameleon(ChameleonForConditionalGeneration):
                     norm.bias = nn.Parameter(norm.bias.repeat_interleave(repeats, 0), requires_grad=False)
 
 
+# The VQGAN's weights: a safetensors copy (see chameleon_vqgan.CONVERT_COMMAND) before Meta's file.
+VQGAN_WEIGHTS = ("vqgan.safetensors", "vqgan.ckpt")
+
+
+def vqgan_weights(vq_dir: Path) -> Optional[Path]:
+    return next((vq_dir / name for name in VQGAN_WEIGHTS if (vq_dir / name).is_file()), None)
+
+
 def find_vqgan_dir(folder: Path) -> Optional[Path]:
     for sub in VQGAN_DIRS:
         d = (folder / sub).resolve()
-        if (d / "vqgan.yaml").is_file() and (d / "vqgan.ckpt").is_file():
+        if (d / "vqgan.yaml").is_file() and vqgan_weights(d) is not None:
             return d
     return None
 
@@ -281,7 +289,7 @@ class LuminaMGPTImageModel(ARImageModel):
         try:
             # The small VQGAN first, so a bad vqgan.ckpt fails before gigabytes of weights are read;
             # fp32 always: the decoder is small, and the reference decodes in fp32.
-            vqgan = load_chameleon_vqgan(vq_dir / "vqgan.yaml", vq_dir / "vqgan.ckpt", device)
+            vqgan = load_chameleon_vqgan(vq_dir / "vqgan.yaml", vqgan_weights(vq_dir), device)
         except VQGANLoadError as exc:
             raise ModelLoadError(str(exc)) from None
         model = cls.load_chameleon(folder, config, dtype, device, options, prepare=lambda m: keep_head_rows(m, vocab.token_space))
@@ -344,24 +352,13 @@ class LuminaMGPTImageModel(ARImageModel):
         )
 
     # --- pixels -------------------------------------------------------------------------------
-    def _resolution_of(self, tokens: torch.Tensor, resolution: Optional[str]) -> str:
-        if resolution is not None:
-            return self.check_resolution(resolution)
-        matches = [r for r in self.defaults.resolutions if self.layout(r).num_tokens == tokens.shape[-1]]
-        if self._last_resolution in matches:  # what encode_prompt last set up
-            return self._last_resolution
-        if self.defaults.resolution in matches:  # the square default first (e.g. a transposed size has as many tokens)
-            return self.defaults.resolution
-        if len(matches) != 1:
-            raise ValueError(f"{tokens.shape[-1]} tokens do not identify a Lumina-mGPT resolution; pass resolution=.")
-        return matches[0]
-
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
-        tokens = tokens.reshape(-1, tokens.shape[-1]).cpu()
-        layout = self.layout(self._resolution_of(tokens, resolution))
-        codes = layout.grid(tokens.reshape(-1, layout.num_tokens)).clamp(0, self.vocab.num_codes - 1)
-        return pixels_to_pil(self.vqgan.decode_codes(codes))
+        rows = self.decode_rows(tokens)
+        resolution = self.resolution_for(rows.shape[-1], resolution, self.layout)
+        layout = self.layout(resolution)
+        self.check_image_tokens(rows, layout, (0, self.vocab.num_codes), resolution)
+        return pixels_to_pil(self.vqgan.decode_codes(layout.grid(rows)))
 
     def preview(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> Optional[Image.Image]:
         resolution = self.check_resolution(resolution or self._last_resolution)

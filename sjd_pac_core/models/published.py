@@ -69,5 +69,14 @@ def published_table() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
+def main(argv=None) -> None:
+    import argparse
+
+    argparse.ArgumentParser(
+        description="Print the memory table of the published 7-8B checkpoints (docs/models.md)."
+    ).parse_args(argv)
     print(published_table())
+
+
+if __name__ == "__main__":
+    main()

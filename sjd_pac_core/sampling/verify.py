@@ -51,32 +51,6 @@ def speculative_accept(
     return uniforms * q_x < p_x
 
 
-def recursive_rejection_steps(
-    p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Recursive rejection sampling for K candidates drawn from q without replacement.
-
-    p: [B, V] targets (one per parent node); q: [V] the level's proposal, shared by all parents;
-    candidates: long [K], one sequential draw without replacement from q, in draw order.
-    Returns (accept_prob [B, K], final_residual [B, V]):
-      accept_prob[:, k] = min(1, p^(k)(c_k) / q^(k)(c_k)) with p^(1) = p, q^(1) = q,
-      p^(k+1) = normalize(max(p^(k) - q^(k), 0)), q^(k+1) = q^(k) without c_k, renormalised;
-      final_residual = p^(K+1), the distribution to draw from when all K are rejected.
-    The first accepted candidate in draw order wins; the result is distributed exactly as p.
-    """
-    p_k = p
-    q_k = q.unsqueeze(0).expand_as(p)
-    probs = []
-    for k in range(candidates.shape[0]):  # K is the tree width (a handful), not a token count
-        c = candidates[k]
-        probs.append(accept_probability(p_k[:, c], q_k[:, c].clamp(min=1e-30)))
-        p_k = residual(p_k, q_k)
-        q_k = q_k.clone()
-        q_k[:, c] = 0.0
-        q_k = q_k / q_k.sum(-1, keepdim=True).clamp(min=1e-30)
-    return torch.stack(probs, dim=-1), p_k
-
-
 def first_true(flags: torch.Tensor) -> torch.Tensor:
     """Index of the first True along the last axis, or -1 where there is none."""
     k = flags.shape[-1]
@@ -96,21 +70,6 @@ def sample(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.T
     return idx.squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
-def sample_without_replacement(
-    q: torch.Tensor, k: int, exclude: torch.Tensor, generator: Optional[torch.Generator]
-) -> torch.Tensor:
-    """k tokens drawn sequentially without replacement from q [V] with the token ids `exclude`
-    (a long tensor of any shape, e.g. the draft already drawn) removed.
-
-    Gumbel top-k on log q is exactly a sequential draw without replacement (Plackett-Luce).
-    """
-    if k <= 0:
-        return torch.empty(0, dtype=torch.long, device=q.device)
-    if exclude.dtype == torch.bool:  # a scatter index silently reads a mask's 0/1 as the ids 0 and 1
-        raise TypeError("exclude holds token ids to remove, not a mask; pass mask.nonzero().flatten()")
-    return torch.topk(_gumbel_keys(q, exclude.reshape(-1), generator), k).indices
-
-
 def _gumbel_keys(q: torch.Tensor, exclude: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
     """log q + Gumbel noise from `generator`, -inf at the `exclude` indices of each row (scatter
     index, shaped like q[..., :m]): their top-k is a draw of k without replacement."""
@@ -124,9 +83,9 @@ def sample_without_replacement_rows(
     q: torch.Tensor, first: torch.Tensor, k: int, generator: Optional[torch.Generator]
 ) -> torch.Tensor:
     """Per row of q [T, V]: `first` (drawn from it), then k - 1 more without replacement: long
-    [T, k]. The same law as `sample_without_replacement` row by row, in one Gumbel top-k over
-    all rows. Rows with fewer than k tokens of support get arbitrary extra slots, which
-    `candidate_validity` marks as padding."""
+    [T, k], in one Gumbel top-k over all rows (Gumbel top-k on log q is exactly a sequential
+    draw without replacement: Plackett-Luce). Rows with fewer than k tokens of support get
+    arbitrary extra slots, which `candidate_validity` marks as padding."""
     if k <= 1:
         return first.unsqueeze(-1)
     keys = _gumbel_keys(q, first.unsqueeze(-1), generator)
@@ -187,7 +146,11 @@ def recursive_rejection_rows(
     p, q: [P, V]; candidates: long [P, K], one draw without replacement from each row's q, in
     draw order; valid: bool [P, K], False for padding slots (a fixed-width tree where q has fewer
     than K tokens), which come after every real candidate of their row.
-    Returns (accept_prob [P, K], final_residual [P, V]) as recursive_rejection_steps does; a
+    Returns (accept_prob [P, K], final_residual [P, V]):
+      accept_prob[:, k] = min(1, p^(k)(c_k) / q^(k)(c_k)) with p^(1) = p, q^(1) = q,
+      p^(k+1) = normalize(max(p^(k) - q^(k), 0)), q^(k+1) = q^(k) without c_k, renormalised;
+      final_residual = p^(K+1), the distribution to draw from when all K are rejected.
+    The first accepted candidate in draw order wins; the result is distributed exactly as p. A
     padding slot has accept probability 0 and leaves the residual unchanged, so the result is
     exactly that of the row's real candidates alone. Gathers only: no host sync.
     """

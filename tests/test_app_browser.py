@@ -50,6 +50,13 @@ def open_page(browser, url: str, width: int = 1440, height: int = 1100):
     return page
 
 
+def finished_run(page) -> None:
+    """A gumbel run of the page's settings, to its end."""
+    page.get_by_label(GUMBEL).check()
+    page.click("#generate-btn")
+    assert wait_status(page, "finished") == "finished"
+
+
 def status(page) -> str:
     return page.get_attribute("#run-stats [data-status]", "data-status")
 
@@ -219,16 +226,21 @@ OVERFLOW_JS = """() => {
   return {scroll: document.documentElement.scrollWidth, width, bad: bad.slice(0, 10)};
 }"""
 
-CONTRAST_JS = """(sel) => {
+# Contrast by WCAG 2's formula: the text colour against the first opaque background up the tree.
+COLOR_JS = """
   const parse = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
   const lum = ([r, g, b]) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
                                 return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
   const background = (el) => { for (let e = el; e; e = e.parentElement) {
       const c = parse(getComputedStyle(e).backgroundColor); if (c.length >= 3 && (c.length < 4 || c[3] > 0.5)) return c; }
     return [255, 255, 255]; };
-  return [...document.querySelectorAll(sel)].filter(e => e.innerText.trim()).map(e => {
-    const a = lum(parse(getComputedStyle(e).color)), b = lum(background(e));
-    return [e.innerText.slice(0, 30), (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)]; });
+  const contrast = (e) => { const a = lum(parse(getComputedStyle(e).color)), b = lum(background(e));
+                            return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05); };
+"""
+
+CONTRAST_JS = "(sel) => {" + COLOR_JS + """
+  return [...document.querySelectorAll(sel)].filter(e => e.innerText.trim()).map(e =>
+    [e.innerText.slice(0, 30), contrast(e)]);
 }"""
 
 
@@ -236,9 +248,7 @@ def test_phone_layout_has_results_near_the_button_no_overflow_and_readable_hints
     _, url = served_app
     page = open_page(browser, url, width=400, height=860)
     try:
-        page.get_by_label(GUMBEL).check()
-        page.click("#generate-btn")
-        assert wait_status(page, "finished") == "finished"
+        finished_run(page)
         layout = page.evaluate(OVERFLOW_JS)
         assert layout["scroll"] <= layout["width"] and layout["bad"] == [], layout
         button = page.locator("#generate-btn").bounding_box()
@@ -336,21 +346,14 @@ def test_stop_works_and_a_sixth_tab_loads_with_five_tabs_busy(served_app, browse
 
 # --- accessibility: contrast of every text, names of images and controls --------------------------
 
-TEXT_CONTRAST_JS = """() => {
-  const parse = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
-  const lum = ([r, g, b]) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
-                                return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
-  const background = (el) => { for (let e = el; e; e = e.parentElement) {
-      const c = parse(getComputedStyle(e).backgroundColor); if (c.length >= 3 && (c.length < 4 || c[3] > 0.5)) return c; }
-    return [255, 255, 255]; };
+TEXT_CONTRAST_JS = "() => {" + COLOR_JS + """
   const low = [];
   let checked = 0;
   for (const e of document.querySelectorAll('.gradio-container *')) {
     const own = [...e.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
     if (!own || !e.offsetParent || e.closest('[disabled], footer')) continue;
     checked += 1;
-    const a = lum(parse(getComputedStyle(e).color)), b = lum(background(e));
-    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    const ratio = contrast(e);
     if (ratio < 4.5) low.push([e.textContent.trim().slice(0, 30), ratio.toFixed(2)]);
   }
   return {checked, low};
@@ -391,9 +394,7 @@ def test_every_text_meets_wcag_aa_and_every_control_has_a_name(served_app, brows
     _, url = served_app
     page = open_page(browser, url)
     try:
-        page.get_by_label(GUMBEL).check()
-        page.click("#generate-btn")
-        assert wait_status(page, "finished") == "finished"
+        finished_run(page)
         page.hover("#preview-image")  # its toolbar shows
         for tab in ("Live", "Compare"):
             page.get_by_role("tab", name=tab).click()
@@ -419,9 +420,7 @@ def test_the_image_download_buttons_keep_the_run_record(served_app, browser, tmp
     _, url = served_app
     page = open_page(browser, url)
     try:
-        page.get_by_label(GUMBEL).check()
-        page.click("#generate-btn")
-        assert wait_status(page, "finished") == "finished"
+        finished_run(page)
         seed = int(page.inner_text("#run-stats .run-line").split("Seed ", 1)[1].split(" ", 1)[0])
 
         def download(selector: str) -> dict:

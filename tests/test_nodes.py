@@ -399,7 +399,8 @@ def test_web_extension_is_registered_once(pack):
     registrations = ["web" in comfy, getattr(pack, "WEB_DIRECTORY", None) is not None]
     assert registrations.count(True) == 1
     js = (REPO / "web" / "sjd_pac.js").read_text()
-    assert "setSize" not in js  # the SJD Stats node keeps the size it was created with
+    # The SJD Stats node only grows, and only as far as its summary needs (never past it, never smaller).
+    assert js.count("setSize(") == 1 and "needed[1] > node.size[1]" in js
 
 
 def test_run_time_config_errors_name_the_fix(pack, bridge, handle):

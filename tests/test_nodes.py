@@ -400,7 +400,7 @@ def test_web_extension_is_registered_once(pack):
     assert registrations.count(True) == 1
     js = (REPO / "web" / "sjd_pac.js").read_text()
     # The SJD Stats node only grows, and only as far as its summary needs (never past it, never smaller).
-    assert js.count("setSize(") == 1 and "needed[1] > node.size[1]" in js
+    assert js.count("setSize(") == 1 and "needed > node.size[1]" in js
 
 
 def test_run_time_config_errors_name_the_fix(pack, bridge, handle):

@@ -60,22 +60,23 @@ function textWidget(node) {
       ctx.save();
       ctx.font = SUMMARY_FONT;
       node._sjdCharWidth = ctx.measureText("0").width || node._sjdCharWidth;
-      const { lines } = summaryLayout(node._sjdText || PLACEHOLDER, width, node._sjdCharWidth);
+      const { lines, height } = summaryLayout(node._sjdText || PLACEHOLDER, width, node._sjdCharWidth);
       ctx.fillStyle = "#ddd";
       lines.forEach((line, i) => {
         ctx.fillText(line, 10, y + 12 + i * SUMMARY_LINE_HEIGHT);
       });
       ctx.restore();
-      fitSummary(node); // the width changed (a resize) or the font is wider than assumed
+      fitSummary(node, y + height);
     },
   };
 }
 
-/** Grow the node (never shrink it) until the summary widget has room for every line. */
-function fitSummary(node) {
-  const needed = node.computeSize?.();
-  if (needed && needed[1] > node.size[1] + 0.5) {
-    node.setSize([node.size[0], needed[1]]);
+/** Grow the node (never shrink it) until its summary, which ends `bottom` px below the node's
+ * top at the node's own width, fits: after a run, a resize, or a font wider than assumed. */
+function fitSummary(node, bottom) {
+  const needed = Math.ceil(bottom) + 4;
+  if (needed > node.size[1] + 0.5) {
+    node.setSize([node.size[0], needed]);
     node.setDirtyCanvas(true, true);
   }
 }
@@ -134,8 +135,7 @@ app.registerExtension({
       nodeType.prototype.onExecuted = function (message) {
         onExecuted?.apply(this, arguments);
         this._sjdText = (message?.text || []).join("\n");
-        fitSummary(this);
-        this.setDirtyCanvas(true, true);
+        this.setDirtyCanvas(true, true); // the next draw grows the node if the summary needs it
       };
     }
   },

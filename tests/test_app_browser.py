@@ -274,8 +274,10 @@ def test_phone_layout_has_results_near_the_button_no_overflow_and_readable_hints
 # --- a Generate pressed during a run, then Stop: the next Generate runs ------------------------
 
 def test_generate_pressed_during_a_run_leaves_no_stop_behind(served_app, browser):  # noqa: F811
-    """Gradio drops a second click of a running event; the stop of a later Stop must not wait for
-    a run that was never queued, so the Generate after that Stop runs to the end."""
+    """Gradio drops a second click of a running event; a later Stop must not leave a flag for a run
+    that never queued, so the Generate after that Stop runs to the end (before, it ended at once
+    with "Stopped before it started"). The Stop comes after the first run's end, so the test does
+    not depend on how fast the run is."""
     _, url = served_app
     page = open_page(browser, url)
     try:
@@ -285,13 +287,14 @@ def test_generate_pressed_during_a_run_leaves_no_stop_behind(served_app, browser
         page.click("#generate-btn")  # dropped by Gradio: the run is still going
         page.focus("#prompt textarea")
         page.keyboard.press("Control+Enter")  # dropped too
+        assert wait_status(page, "finished", "stopped") in ("finished", "stopped")
+        page.click("#stop-btn")  # nothing runs now: this Stop must stop nothing later
         page.wait_for_timeout(300)
-        page.click("#stop-btn")
-        assert wait_status(page, "stopped") == "stopped"
         page.get_by_label("SJD-PAC", exact=True).check()
         page.click("#generate-btn")
-        page.wait_for_function(
-            "() => document.querySelector('#run-stats [data-status=finished]')"
+        page.wait_for_function(  # this run's end (the status card names its method), or the bug's message
+            "() => [...document.querySelectorAll('#run-stats [data-status=finished] .stat .sub')]"
+            ".some(e => e.innerText.trim() === 'SJD-PAC')"
             " || document.querySelector('#message').innerText.includes('before it started')",
             timeout=RUN_TIMEOUT)
         assert "before it started" not in page.inner_text("#message")
@@ -317,6 +320,9 @@ def test_stop_works_and_a_sixth_tab_loads_with_five_tabs_busy(served_app, browse
             page.wait_for_selector("#run-stats [data-status='idle']", timeout=60_000)
             pages.append(page)
         busy, waiting = pages[0], pages[1:]
+        busy.fill("#window input", "1")  # SJD and SJD-PAC at L = 1 take about as long as AR: a long job
+        busy.keyboard.press("Tab")  # (Enter would pick the first choice starting with 1: 12)
+        assert busy.input_value("#window input") == "1"  # the long job it is meant to be
         busy.get_by_role("tab", name="Compare").click()
         set_number(busy, "#compare-repeats input", "10")
         busy.click("#compare-btn")
@@ -330,9 +336,11 @@ def test_stop_works_and_a_sixth_tab_loads_with_five_tabs_busy(served_app, browse
         sixth.goto(url, wait_until="domcontentloaded", timeout=30_000)
         sixth.wait_for_selector("#run-stats [data-status='idle']", timeout=30_000)
 
-        for page in waiting:  # Stop in every waiting tab: each run starts stopped, never runs
-            page.click("#stop-btn")
-        busy.click("#stop-btn")
+        assert busy.locator("#compare-summary [data-status='progress']").count() == 1, "the job ended too soon"
+        # Stop in every waiting tab, then in the busy one, at once (a script's click: no waiting for
+        # the pages between them); each waiting run then starts stopped and never runs.
+        for page in [*waiting, busy]:
+            page.evaluate("() => document.querySelector('#stop-btn').click()")
         busy.wait_for_selector("#compare-summary [data-status='stopped']", state="attached", timeout=30_000)
         for page in waiting:
             page.wait_for_function("() => document.querySelector('#message').innerText.includes('before it started')",

@@ -27,6 +27,9 @@ ROWS = [
     (dict(method="sjd_pac", window=128, tree_depth=4, tree_width=5), GPU, False),  # a wide pass is nearly free
     (dict(method="sjd_pac", window="auto", tree_depth=4, tree_width=5), CPU, False),  # auto picks L from the curve
     (dict(method="ar", window=128), CPU, False),
+    # a 13-token pass "measured" at 18 one-token passes: dearer than 13 separate passes, so timer
+    # noise from a busy machine, not a slow shape (seen under a parallel test run)
+    (dict(method="sjd", window=12), CostCurve((1, 13), (1e-3, 18e-3)), False),
 ]
 
 
@@ -58,7 +61,7 @@ def test_the_curve_is_measured_on_the_model_once_per_shape(demo_model, monkeypat
     assert pass_cost.cost_curve(demo_model, encoding, config) is curve
 
 
-STEEP = CostCurve((1, 1000), (1e-3, 1.0))  # every token of a pass costs a whole AR pass
+STEEP = CostCurve((1, 1000), (1e-3, 0.5))  # every token of a pass costs half an AR pass
 
 
 def test_the_app_says_it_before_the_run(monkeypatch, app_model):  # noqa: F811

@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from .. import arguments
 from ..config import SamplerConfig
 from ..engine.stats import RunStats
 from ..generate import generate_image
@@ -136,9 +137,9 @@ def table(tallies: Dict[str, Tally], max_length: int = 12) -> str:
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="demo")
-    parser.add_argument("--prompts", type=int, default=4, help="first N prompts of the model's prompt set")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--window", type=int, default=64)
+    parser.add_argument("--prompts", type=arguments.whole(1, 100_000), default=4, help="first N prompts of the model's prompt set")
+    parser.add_argument("--seeds", type=arguments.seed, nargs="+", default=[0, 1])
+    parser.add_argument("--window", type=arguments.whole(1, 1024), default=64)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--rules", nargs="+", default=["rejection", "gumbel"], choices=["rejection", "gumbel"])
     args = parser.parse_args(argv)

@@ -10,10 +10,12 @@ a tree shape (depth, widths, side chain). `MethodSpec.config` turns a row into t
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass, fields, replace
 from typing import List, Optional, Sequence, Tuple, Union
 
+from .. import arguments
 from ..config import SamplerConfig
 
 # The paper's tables (spec section 6): AR; SJD at L=16, 32; SJD+PD, SJD+AC, SJD-PAC at L=32, 64;
@@ -234,20 +236,9 @@ def method_key(config: SamplerConfig, base: SamplerConfig) -> str:
 
 
 def parse_seeds(text: str) -> List[int]:
-    """'0', '0,3,7', '0-9' or a mix: '0-4,10'."""
-    seeds: List[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, dash, hi = part.partition("-")
-        try:
-            if dash:
-                seeds.extend(range(int(lo), int(hi) + 1))
-            else:
-                seeds.append(int(part))
-        except ValueError:
-            raise ValueError(f"--seeds {text!r}: use integers, lists (0,1,2) or ranges (0-9).") from None
-    if not seeds:
-        raise ValueError("--seeds is empty.")
-    return seeds
+    """'0', '0,3,7', '0-9' or a mix: '0-4,10' (the rule of arguments.seed_list: at most
+    arguments.MAX_SEEDS seeds, none twice), refused as a ValueError."""
+    try:
+        return arguments.seed_list(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"--seeds {exc}.") from None

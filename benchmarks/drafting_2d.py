@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 import sjd_pac_core as sp  # noqa: E402
-from sjd_pac_core.demo.quality import load_prompts  # noqa: E402
+from sjd_pac_core.demo.tools.quality import load_prompts  # noqa: E402
 from sjd_pac_core.engine import drafters  # noqa: E402
 from sjd_pac_core.engine.draft import DraftWindow  # noqa: E402
 

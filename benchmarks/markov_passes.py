@@ -8,7 +8,7 @@ exactness tests' profile, N = 10 tokens, the recipe's defaults (no CFG, temperat
 per sequence include the prefill (plain AR = 10). Rows: our sampler at the configuration of that
 section (L = 16, D = 3, K = 3, first level 8) and the budget drafter at 16 nodes per pass (the
 authors' sampler feeds 16 window nodes) and at 40. Each row also reports the Bonferroni p-value
-of its adjacent pairs against the exact marginals (`markov_marginal_pvalue`; exact: >= 0.01).
+of its adjacent pairs against the exact marginals (`pair_laws_pvalue`; exact: >= 0.01).
 The authors' own numbers (5.23 passes at V = 6, 7.34 at V = 16; biased) come from a local
 re-implementation of their sampler that is not in this repository.
 """
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the exactness tests' tools build the chains
 
 import sjd_pac_core as sp  # noqa: E402
-from exactness_tools import MarkovChain, MarkovModel, markov_marginal_pvalue  # noqa: E402
+from exactness_tools import MarkovChain, MarkovModel, markov_pair_laws, pair_laws_pvalue  # noqa: E402
 
 N = 10
 PROFILE = (2.0, 1.0, 0.0, -1.0, -2.0, -3.0)  # tests/test_exactness.py's PD_RAMP
@@ -49,7 +49,7 @@ def run(vocab: int, chains: int, sequences: int, fields: dict, rule: str):
             tokens[s] = out.tokens
             passes += out.stats.forward_passes
         p0, trans = chain.processed(config)
-        worst = min(worst, markov_marginal_pvalue(tokens, p0, trans)[0])
+        worst = min(worst, pair_laws_pvalue(tokens, markov_pair_laws(p0, trans))[0])
     return passes / (chains * sequences), worst
 
 

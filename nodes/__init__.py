@@ -17,13 +17,16 @@ NODE_CLASS_MAPPINGS = {
     "SJDPACTextToImage": SJDPACTextToImage,
 }
 
-# Every display name contains "SJD": ComfyUI's node search looks at the class and display names only.
+# ComfyUI's node search (its front end 1.27, with ComfyUI 0.3.64) looks at the class name and the
+# display name only, fuzzily and near their start: every display name contains "SJD", and the words
+# people search for (speculative, fast sampler, the families) come early in the names of the nodes
+# they mean. Newer front ends also read each class's SEARCH_ALIASES.
 NODE_DISPLAY_NAME_MAPPINGS = {
-    "LoadARImageModel": "Load AR Image Model (SJD-PAC)",
-    "SJDPACSampler": "SJD-PAC Sampler",
+    "LoadARImageModel": "Load Emu3, Janus, Lumina (SJD-PAC)",
+    "SJDPACSampler": "SJD-PAC Sampler (fast, speculative)",
     "DecodeARImageTokens": "Decode AR Image Tokens (SJD-PAC)",
-    "SJDStats": "SJD Stats",
-    "SJDPACTextToImage": "SJD-PAC Text to Image",
+    "SJDStats": "SJD Stats (speculative decoding)",
+    "SJDPACTextToImage": "SJD-PAC Text to Image (speculative)",
 }
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

@@ -97,7 +97,8 @@ RESOLUTIONS_ROUTE = "/sjd_pac/resolutions"  # GET ?model=<loader choice> -> JSON
 
 
 def register_routes(resolutions_for: Callable[[str], dict]) -> bool:
-    """Add RESOLUTIONS_ROUTE to ComfyUI's server (a no-op outside ComfyUI); True when added.
+    """Add RESOLUTIONS_ROUTE to ComfyUI's server once per process (a no-op outside ComfyUI);
+    True when it is served.
     The web extension asks it for the loader's model and narrows the sampler's resolution list."""
     server = _comfy("server")
     instance = getattr(getattr(server, "PromptServer", None), "instance", None)
@@ -110,6 +111,11 @@ def register_routes(resolutions_for: Callable[[str], dict]) -> bool:
 
         return web.json_response(resolutions_for(request.rel_url.query.get("model", "")))
 
+    # Two copies of the pack (a clone next to a Manager install) each load: the first one's route
+    # serves both (aiohttp refuses a second GET on one path and ComfyUI would not start).
+    if any(getattr(route, "path", None) == RESOLUTIONS_ROUTE for route in routes):
+        log.info("sjd-pac: %s is already served (another copy of the pack is loaded)", RESOLUTIONS_ROUTE)
+        return True
     try:
         routes.get(RESOLUTIONS_ROUTE)(resolutions)
     except Exception:  # a ComfyUI whose server differs: the list then stays the full one

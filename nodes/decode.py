@@ -54,6 +54,7 @@ def tokens_to_image(tokens: ARImageTokens, upscale_to: int = 0, upscale_method: 
 class DecodeARImageTokens:
     DESCRIPTION = "Turns sampled image tokens into pixels with the model's own image decoder (VQ)."
     CATEGORY = "sjd-pac"
+    SEARCH_ALIASES = ["image tokens", "vq decode", "lumina", "janus", "emu3", "speculative decoding"]
     RETURN_TYPES = ("IMAGE",)
     RETURN_NAMES = ("image",)
     OUTPUT_TOOLTIPS = ("The decoded image(s), one per token sequence of the batch.",)

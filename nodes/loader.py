@@ -65,6 +65,8 @@ class LoadARImageModel:
         "settings reuses the loaded model."
     )
     CATEGORY = "sjd-pac"
+    SEARCH_ALIASES = ["lumina", "lumina-mgpt", "janus", "janus-pro", "emu3", "autoregressive image model",
+                      "speculative decoding"]
     RETURN_TYPES = (AR_IMAGE_MODEL,)
     RETURN_NAMES = ("model",)
     OUTPUT_TOOLTIPS = ("The loaded model, for SJD-PAC Sampler, Decode AR Image Tokens and SJD-PAC Text to Image.",)

@@ -14,6 +14,7 @@ from sjd_pac_core import ConfigError, Progress, SamplerConfig
 from sjd_pac_core.config import MAX_TREE_NODES, MAX_WINDOW, METHODS, VERIFY_RULES, tree_node_count
 from sjd_pac_core.demo import EXAMPLE_PROMPT
 from sjd_pac_core.models.sizes import known_resolutions
+from sjd_pac_core.pass_cost import slow_shape_warning
 from sjd_pac_core.sampling.seeds import SEED_MAX
 from sjd_pac_core.settings import RECORD_PNG_KEY, config_from_settings, pointless_setting_warnings, run_record
 from sjd_pac_core.threads import threads_for, torch_threads
@@ -78,7 +79,7 @@ KNOBS: Dict[str, Tuple[Any, dict]] = {
         "default": MODEL_DEFAULT, "min": -1, "max": MAX_WINDOW, "step": 1,
         "tooltip": "Window L: draft tokens verified per forward pass (sjd, sjd_pac). "
                    f"{_FROM_MODEL} (demo 12, the others {_BASE.window}); 0 = auto (chosen every pass from measured "
-                   "costs and acceptance). Usual 16-64; L = 1 cannot beat ar. Ignored by ar.",
+                   "costs and acceptance). Usual 16-64; L = 1 commits at most 2 tokens per pass. Ignored by ar.",
     }),
     "tree_depth": ("INT", {
         "default": MODEL_DEFAULT, "min": -1, "max": TREE_DEPTH_MAX, "step": 1,
@@ -232,6 +233,19 @@ class LiveReporter:
         self.pending = []
 
 
+def slow_shape_note(model, prompt: str, negative_prompt: str, resolution: Optional[str],
+                    config: SamplerConfig) -> Optional[str]:
+    """pass_cost's sentence when this pass shape is expected to be slower than AR here (None when not,
+    or when the measurement fails: the run then reports the problem itself)."""
+    try:
+        encoding = model.encode_prompt(prompt, negative_prompt, resolution)
+        with torch_threads(threads_for(model)):  # timed as the run will run
+            return slow_shape_warning(model, encoding, config)
+    except Exception:
+        log.debug("sjd-pac: the pass-cost check failed", exc_info=True)
+        return None
+
+
 def run_sampler(
     handle: ModelHandle, prompt: str, negative_prompt: str, resolution: str, seed: int,
     config: SamplerConfig, batch_size: int, node_id: Optional[str] = None, extra_pnginfo: Any = None,
@@ -241,6 +255,9 @@ def run_sampler(
     res = None if resolution in (None, "", "default") else resolution
     model.check_resolution(res)  # a clear error before any model work
     reporter = LiveReporter(model, res, node_id, batch_size, config.method)
+    slow = slow_shape_note(model, prompt, negative_prompt, res, config)
+    if slow:  # said before the run, in the console; SJD Stats repeats it
+        log.warning("sjd-pac: %s", slow)
     try:
         # Small models run fastest on one thread (a busy CPU made the demo 5-7x slower otherwise).
         with warnings.catch_warnings(record=True) as caught, torch_threads(threads_for(model)) as threads:
@@ -255,6 +272,7 @@ def run_sampler(
     notes = [str(w.message) for w in caught] + pointless_setting_warnings(config)
     for note in notes:
         log.warning("sjd-pac: %s", note)
+    notes += [slow] if slow else []
     tokens = result.tokens.reshape(batch_size, -1).cpu()
     out = ARImageTokens(tokens=tokens, resolution=result.encoding.resolution, model=handle, seeds=result.image_seeds)
     key = (handle.key, prompt, negative_prompt, result.seed, result.encoding.resolution, int(batch_size),
@@ -278,6 +296,8 @@ class SJDPACSampler:
         "preview and a chart of tokens accepted per pass."
     )
     CATEGORY = "sjd-pac"
+    SEARCH_ALIASES = ["speculative decoding", "speculative jacobi decoding", "fast sampler", "lumina", "janus",
+                      "emu3", "autoregressive"]
     RETURN_TYPES = (AR_IMAGE_TOKENS, SJD_STATS)
     RETURN_NAMES = ("tokens", "stats")
     OUTPUT_TOOLTIPS = (
@@ -336,6 +356,8 @@ class SJDPACTextToImage:
         "window) and the chosen method. Use SJD-PAC Sampler for every knob."
     )
     CATEGORY = "sjd-pac"
+    SEARCH_ALIASES = ["speculative decoding", "fast sampler", "text to image", "lumina", "janus", "emu3",
+                      "autoregressive"]
     RETURN_TYPES = ("IMAGE", SJD_STATS)
     RETURN_NAMES = ("image", "stats")
     OUTPUT_TOOLTIPS = ("The generated image(s).", "Acceptance statistics; connect to SJD Stats.")

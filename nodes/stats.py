@@ -125,6 +125,7 @@ class SJDStatsNode:
         "step compression, wall time, and the speedup over an AR run of the same job in this graph."
     )
     CATEGORY = "sjd-pac"
+    SEARCH_ALIASES = ["speculative decoding", "speedup", "acceptance length", "step compression"]
     RETURN_TYPES = ("IMAGE", "STRING")
     RETURN_NAMES = ("plot", "summary")
     OUTPUT_TOOLTIPS = ("The plot, for Preview Image or Save Image.", "The summary as text.")

@@ -8,7 +8,6 @@ runner.py runs a generation in a worker thread.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -17,7 +16,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import gradio as gr
 
 import sjd_pac_core as sp
-from sjd_pac_core.settings import RECORD_PNG_KEY, pointless_setting_warnings
+from sjd_pac_core.files import FileSaveError
+from sjd_pac_core.settings import pointless_setting_warnings
 
 from . import layout, plots
 from .runner import (
@@ -33,11 +33,14 @@ from .runner import (
     defaults_of,
     free_memory,
     friendly_error,
+    png_text,
     prompt_words,
     run_settings,
     run_summary,
     save_image,
+    slow_shape_notes,
     stream_generation,
+    ticket_value,
     tokens_identical,
 )
 from .view import (METHODS, compare_card, compare_summary_html, hints, message_md, model_info_html,
@@ -104,39 +107,47 @@ class SjdPacApp:
         self, model_choice: str, model_path: str, prompt: str, negative_prompt: str, resolution: Optional[str],
         seed: object, method: str, verify: str, cfg_scale: object, temperature: object, top_k: object,
         top_p: object, window: object, tree_depth: object, tree_width: object,
-        request: Optional[gr.Request] = None,
-    ) -> Tuple[str, bool]:
+        request: Optional[gr.Request] = None, kind: str = "generate",
+    ) -> Tuple[str, str, Any]:
         """Runs at once on a click, outside the queue: settings refused before any work (and
-        before waiting for another tab's run), and a stop flag for the run that will queue.
-        Outputs: message, ok."""
+        before waiting for another tab's run), and a ticket for the run that will queue (its
+        stop mark: see JobRegistry). Outputs: message, ticket ("" when refused), and the run's
+        status card saying it waits (unchanged while this session's run of the same kind goes on:
+        Gradio drops that click)."""
         try:
             settings = run_settings(defaults_of(self.manager.model), prompt, negative_prompt, resolution,
                                     seed, method, verify, cfg_scale, temperature, top_k, top_p, window,
                                     tree_depth, tree_width)
         except Exception as exc:
-            return message_md([friendly_error(exc)]), False
-        self.jobs.submit(session_key(request))
+            return message_md([friendly_error(exc)]), "", gr.skip()
         notes = pointless_setting_warnings(settings.config)
-        return message_md(notes=notes), True
+        if self.jobs.running(session_key(request), kind):
+            waiting: Any = gr.skip()
+        elif kind == "compare":
+            waiting = compare_summary_html({}, "", 0, "waiting")
+        else:
+            waiting = stats_html({"status": "waiting"})
+        return message_md(notes=notes), str(self.jobs.ticket()), waiting
 
     def check_compare(
         self, model_choice: str, model_path: str, prompt: str, negative_prompt: str, resolution: Optional[str],
         seed: object, method: str, verify: str, cfg_scale: object, temperature: object, top_k: object,
         top_p: object, window: object, tree_depth: object, tree_width: object, repeats: object,
         request: Optional[gr.Request] = None,
-    ) -> Tuple[str, bool]:
+    ) -> Tuple[str, str, Any]:
         """`check` for Compare: the same settings plus the repeat count."""
         try:
             check_repeats(repeats)
         except Exception as exc:
-            return message_md([friendly_error(exc)]), False
+            return message_md([friendly_error(exc)]), "", gr.skip()
         return self.check(model_choice, model_path, prompt, negative_prompt, resolution, seed, method, verify,
-                          cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, request=request)
+                          cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, request=request,
+                          kind="compare")
 
     @staticmethod
-    def gate(ok: bool) -> None:
+    def gate(ticket: str) -> None:
         """Ends the click's chain when `check` refused the settings (its message is shown)."""
-        if not ok:
+        if not ticket:
             raise gr.Error("settings refused", visible=False, print_exception=False)
 
     def stop(self, request: Optional[gr.Request] = None) -> None:
@@ -146,13 +157,13 @@ class SjdPacApp:
     def generate(
         self, model_choice: str, model_path: str, prompt: str, negative_prompt: str, resolution: Optional[str],
         seed: object, method: str, verify: str, cfg_scale: object, temperature: object, top_k: object,
-        top_p: object, window: object, tree_depth: object, tree_width: object,
+        top_p: object, window: object, tree_depth: object, tree_width: object, ticket: object = None,
         request: Optional[gr.Request] = None,
     ) -> Iterator[tuple]:
         """One image, streamed. Outputs: tabs, image, download, per-pass chart, histogram, stats,
-        message, JSON."""
+        message, JSON. `ticket`: the click's, from `check` (none from the API)."""
         key = session_key(request)
-        stop = self.jobs.begin(key)
+        stop = self.jobs.begin(key, ticket_value(ticket), "generate")
         try:
             if stop.is_set():
                 yield self._status_outputs(True, "stopped", notes=[
@@ -165,7 +176,8 @@ class SjdPacApp:
             if setup is None:
                 return
             model, settings, encoding = setup
-            warnings = pointless_setting_warnings(settings.config)
+            warnings = pointless_setting_warnings(settings.config) + slow_shape_notes(model, encoding,
+                                                                                     [settings.config])
             notes = [*warnings, *encoding.warnings]
             first = True
             for update in stream_generation(model, settings.prompt, settings.config, settings.seed, stop,
@@ -179,13 +191,13 @@ class SjdPacApp:
         self, model_choice: str, model_path: str, prompt: str, negative_prompt: str, resolution: Optional[str],
         seed: object, method: str, verify: str, cfg_scale: object, temperature: object, top_k: object,
         top_p: object, window: object, tree_depth: object, tree_width: object, repeats: object = DEFAULT_REPEATS,
-        request: Optional[gr.Request] = None,
+        ticket: object = None, request: Optional[gr.Request] = None,
     ) -> Iterator[tuple]:
         """AR, SJD and SJD-PAC with the same prompt and seed (`method` is ignored), `repeats`
         times interleaved (AR, SJD, SJD-PAC, AR, ...) so that the speedup, a ratio of median wall
         times, is not one noisy measurement. Outputs: tabs, 3 images, 3 cards, summary, message, JSON."""
         key = session_key(request)
-        stop = self.jobs.begin(key)
+        stop = self.jobs.begin(key, ticket_value(ticket), "compare")
         try:
             if stop.is_set():
                 yield self._compare_outputs({m: {"status": "skipped"} for m in METHODS}, [gr.skip()] * 3, "stopped",
@@ -201,6 +213,8 @@ class SjdPacApp:
                 return
             model, settings, encoding = setup
             count = check_repeats(repeats)
+            encoding.warnings.extend(slow_shape_notes(model, encoding, [settings.config.with_(method=m)
+                                                                        for m in ("sjd", "sjd_pac")]))
             yield from self._compare_runs(model, settings, encoding, count, stop)
         finally:
             self.jobs.end(key, stop)
@@ -249,7 +263,7 @@ class SjdPacApp:
     def _image_for(self, model: sp.ARImageModel, update: Update, record: dict) -> Any:
         if update.result is not None:
             image = plots.upscale_for_display(update.result.images[0])
-            image.info[RECORD_PNG_KEY] = json.dumps(record, sort_keys=True)  # gradio keeps PNG text chunks
+            image.info.update(png_text(record))  # Gradio's download button keeps PNG text chunks
             return image
         if update.progress is None:
             return gr.skip()
@@ -280,11 +294,17 @@ class SjdPacApp:
             summary["error"] = errors[0]
             gr.Warning(errors[0])
         elif update.kind == "finished":
-            path = save_image(update.result.images[0], record, self.output_dir)
-            summary["file"] = path.name
-            download = str(path)
             notes.insert(0, f"Seed {record['seed']}{' (random)' if record['random_seed'] else ''}: "
                             "enter it as the seed to get this picture again.")
+            try:
+                kept = save_image(update.result.images[0], record, self.output_dir)
+            except FileSaveError as exc:  # the picture stays on the page; only the download is missing
+                errors.append(f"The picture is shown above but its download could not be saved: {exc}.")
+            else:
+                summary["file"] = kept.path.name
+                download = str(kept.path)
+                if kept.moved:
+                    notes.append(kept.note)
         stats = update.stats
         method = stats.method if stats else "sjd_pac"
         lengths = stats.accept_lengths if stats else []

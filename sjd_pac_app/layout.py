@@ -84,12 +84,20 @@ document.addEventListener('keydown', (e) => {
 
 
 def theme() -> gr.themes.Base:
-    """Gradio's Soft theme with hint and info text dark enough for WCAG AA (>= 4.5:1)."""
+    """Gradio's Soft theme with every text dark enough for WCAG AA (>= 4.5:1): hints and info text,
+    the field and image labels (orange 800 on orange 100, not 500), the primary button and the
+    selected radio choice (white on orange 700, not 500), the selected tab (orange 700)."""
     return gr.themes.Soft(primary_hue="orange", secondary_hue="blue").set(
         body_text_color_subdued="*neutral_700",
         body_text_color_subdued_dark="*neutral_300",
         block_info_text_color="*neutral_700",
         block_info_text_color_dark="*neutral_300",
+        block_label_text_color="*primary_800",
+        block_title_text_color="*primary_800",
+        button_primary_background_fill="*primary_700",
+        button_primary_background_fill_hover="*primary_800",
+        checkbox_label_background_fill_selected="*primary_700",
+        color_accent="*primary_700",
     )
 
 
@@ -205,6 +213,8 @@ def build(app: Any) -> gr.Blocks:
                             with gr.Column(scale=3, min_width=280):
                                 preview = gr.Image(plots.placeholder_image(text="press Generate"),
                                                    type="pil", format="png", label="Image", height=420,
+                                                   alt_text="The generated picture: it fills in as the sampler "
+                                                            "accepts tokens, then shows the decoded image",
                                                    interactive=False, elem_id="preview-image",
                                                    elem_classes=pixel_classes)
                                 download = gr.File(label="Download (512 px PNG; prompt, seed and settings inside)",
@@ -213,9 +223,13 @@ def build(app: Any) -> gr.Blocks:
                                 hist_chart = gr.Image(plots.histogram_chart({}), type="pil", format="png",
                                                       interactive=False, height=340,
                                                       label="Acceptance-length histogram",
+                                                      alt_text="Bar chart: how many forward passes committed "
+                                                               "1, 2, 3 or more tokens (the numbers are in the JSON below)",
                                                       elem_id="hist-chart", elem_classes=["chart"])
                         pass_chart = gr.Image(plots.tokens_per_pass_chart([]), type="pil", format="png",
                                               interactive=False, label="Tokens accepted per forward pass",
+                                              alt_text="Bar chart: tokens accepted by each forward pass, with "
+                                                       "plain AR's 1 per pass and this run's mean",
                                               elem_id="pass-chart", elem_classes=["chart"])
                         with gr.Accordion("Run statistics and settings (JSON)", open=False):
                             run_json = gr.JSON(label="Run statistics", elem_id="run-json")
@@ -234,6 +248,7 @@ def build(app: Any) -> gr.Blocks:
                                     cmp_images.append(gr.Image(
                                         plots.placeholder_image(text=METHOD_LABELS[m]), type="pil",
                                         format="png", interactive=False, label=METHOD_LABELS[m],
+                                        alt_text=f"The picture {METHOD_LABELS[m]} sampled",
                                         height=300, elem_id=f"compare-image-{m}",
                                         elem_classes=pixel_classes))
                                     cmp_cards.append(gr.HTML(compare_card(m, None),
@@ -286,15 +301,21 @@ def build(app: Any) -> gr.Blocks:
         # A click is checked at once (outside the queue), then waits its turn for the sampler.
         # preprocess=False everywhere: the values are plain numbers and strings, and our check
         # (not the sliders' current tops) decides, with a sentence that names the fix.
-        ok = gr.State(False)
-        gen_check = gen_btn.click(app.check, gen_inputs, [message, ok], preprocess=False, **instant)
-        gen_check.success(app.gate, ok, None, **instant).success(
-            app.generate, gen_inputs, [tabs, preview, download, pass_chart, hist_chart, stats, message,
-                                        run_json],
+        # The click's ticket (JobRegistry) travels to its run in a hidden field, not a gr.State:
+        # a page with a State holds a heartbeat connection open for its whole life, and browsers
+        # allow six connections per host, so six open tabs would leave none for Stop.
+        gen_ticket = gr.Textbox("", visible=False, elem_id="generate-ticket")
+        cmp_ticket = gr.Textbox("", visible=False, elem_id="compare-ticket")
+        gen_check = gen_btn.click(app.check, gen_inputs, [message, gen_ticket, stats], preprocess=False,
+                                  **instant)
+        gen_check.success(app.gate, gen_ticket, None, preprocess=False, **instant).success(
+            app.generate, [*gen_inputs, gen_ticket],
+            [tabs, preview, download, pass_chart, hist_chart, stats, message, run_json],
             api_name="generate", preprocess=False, **common)
-        cmp_check = cmp_btn.click(app.check_compare, cmp_inputs, [message, ok], preprocess=False, **instant)
-        cmp_check.success(app.gate, ok, None, **instant).success(
-            app.compare, cmp_inputs, [tabs, *cmp_images, *cmp_cards, cmp_summary, message, cmp_json],
+        cmp_check = cmp_btn.click(app.check_compare, cmp_inputs, [message, cmp_ticket, cmp_summary],
+                                  preprocess=False, **instant)
+        cmp_check.success(app.gate, cmp_ticket, None, preprocess=False, **instant).success(
+            app.compare, [*cmp_inputs, cmp_ticket], [tabs, *cmp_images, *cmp_cards, cmp_summary, message, cmp_json],
             api_name="compare", preprocess=False, **common)
         # Not queued: Stop must act while the sampler's slot is busy and on queued runs.
         stop_btn.click(app.stop, None, None, api_name="stop", queue=False, show_progress="hidden")

@@ -7,6 +7,8 @@ Kept free of gradio so it can be tested (and reused) on its own; app.py only ren
 from __future__ import annotations
 
 import gc
+import io
+import itertools
 import json
 import queue
 import re
@@ -21,6 +23,8 @@ from PIL import Image, PngImagePlugin
 
 import sjd_pac_core as sp
 from sjd_pac_core.config import ConfigError, SamplerConfig
+from sjd_pac_core.files import Kept, keep
+from sjd_pac_core.pass_cost import slow_shape_warning
 from sjd_pac_core.settings import RECORD_PNG_KEY, config_from_settings, run_record, seed_value, whole_number
 from sjd_pac_core.threads import threads_for, torch_threads
 from sjd_pac_core.models.loader import detect_family, read_config, resolve_device, resolve_folder
@@ -251,63 +255,95 @@ def out_of_memory_message(config: Optional[SamplerConfig], device: Optional[torc
             "itself needs more memory; close other programs, use a smaller dtype or another device.")
 
 
+def slow_shape_notes(model: sp.ARImageModel, encoding: sp.PromptEncoding, configs: List[SamplerConfig]) -> List[str]:
+    """Before a run: a sentence for each of `configs` whose pass shape is expected to be slower than
+    AR on this device (pass_cost; the measurement is a few passes, once per shape). A measurement
+    that fails says nothing: the run itself then reports the problem."""
+    notes: List[str] = []
+    for config in configs:
+        try:
+            with torch_threads(threads_for(model)):  # timed as the run will run
+                note = slow_shape_warning(model, encoding, config)
+        except Exception:
+            note = None
+        if note and note not in notes:
+            notes.append(f"{METHOD_LABELS[config.method]}: {note}")
+    return notes
+
+
 # --- stopping ----------------------------------------------------------------------------------
 
 class JobRegistry:
-    """Stop flags per browser session, for queued runs as well as the running one.
+    """Stop flags, one per run, by browser session.
 
-    A click registers a *pending* flag at once (`submit`, before the run waits in the queue);
-    the run takes the oldest pending flag of its session when it starts (`begin`). Stop sets the
-    running flag and every pending one, so a run stopped while it waited never starts.
+    A click whose settings pass takes a ticket (`ticket`: a number that only grows), which its
+    run carries through the queue. The run's stop flag is made when the run starts (`begin`),
+    so a click whose run never starts (Gradio drops a click on an event still running) leaves
+    nothing behind. Stop sets the running run's flag and marks the session with a new number:
+    a run whose ticket is older than that mark was clicked before the Stop, so it starts already
+    stopped (a run stopped while it waited never runs). A run without a ticket (the API) is
+    never stopped before it starts.
     """
 
     def __init__(self) -> None:
-        self._running: Dict[str, threading.Event] = {}
-        self._pending: Dict[str, List[threading.Event]] = {}
+        self._running: Dict[str, Tuple[threading.Event, str]] = {}  # session -> (flag, "generate"/"compare")
+        self._stopped_at: Dict[str, int] = {}  # session -> the number of its last Stop
+        self._numbers = itertools.count(1)
         self._lock = threading.Lock()
 
-    def submit(self, key: str) -> threading.Event:
+    def ticket(self) -> int:
         with self._lock:
-            event = threading.Event()
-            self._pending.setdefault(key, []).append(event)
-            return event
+            return next(self._numbers)
 
-    def begin(self, key: str) -> threading.Event:
-        """The flag of the run now starting: its pending flag (maybe already set by Stop), or a
-        fresh one for a call that did not `submit` (the API)."""
+    def begin(self, key: str, ticket: Optional[int] = None, kind: str = "generate") -> threading.Event:
+        """The stop flag of the run now starting, already set if its click came before a Stop."""
         with self._lock:
-            pending = self._pending.get(key)
-            event = pending.pop(0) if pending else threading.Event()
-            if not pending:
-                self._pending.pop(key, None)
+            mark = self._stopped_at.get(key)
+            event = threading.Event()
+            if ticket is not None and mark is not None:
+                if ticket < mark:
+                    event.set()
+                else:  # clicked after the Stop: runs start in click order, so no older run waits
+                    del self._stopped_at[key]
             old = self._running.get(key)
             if old is not None:
-                old.set()  # one run per session: a new one ends the old one
-            self._running[key] = event
+                old[0].set()  # one run per session: a new one ends the old one
+            self._running[key] = (event, kind)
             return event
 
     def stop(self, key: str) -> bool:
-        """Stop the session's run after the forward pass in flight, and its queued runs before
-        they start; False if there was nothing to stop."""
+        """Stop the session's running run after the forward pass in flight, and its runs still
+        waiting in the queue before they start; whether a run was running."""
         with self._lock:
-            events = [e for e in [self._running.get(key), *self._pending.get(key, [])]
-                      if e is not None and not e.is_set()]
-            for event in events:
-                event.set()
-            return bool(events)
+            self._stopped_at[key] = next(self._numbers)
+            event = self._running.get(key, (None, ""))[0]
+            if event is None or event.is_set():
+                return False
+            event.set()
+            return True
 
     def end(self, key: str, event: threading.Event) -> None:
         with self._lock:
-            if self._running.get(key) is event:
+            if self._running.get(key, (None, ""))[0] is event:
                 del self._running[key]
 
-    def running(self, key: str) -> bool:
+    def running(self, key: str, kind: Optional[str] = None) -> bool:
+        """Whether the session has a run going (of this kind, if given)."""
         with self._lock:
-            return key in self._running
+            return key in self._running and kind in (None, self._running[key][1])
 
-    def pending(self, key: str) -> int:
+    def remembered(self) -> int:
+        """Sessions with something kept: a running run or a Stop that queued runs may still meet."""
         with self._lock:
-            return len(self._pending.get(key, []))
+            return len(set(self._running) | set(self._stopped_at))
+
+
+def ticket_value(value: object) -> Optional[int]:
+    """A run's ticket as the page sends it back (a string or number; empty: none, as from the API)."""
+    try:
+        return int(str(value).strip()) if value not in (None, "") else None
+    except ValueError:
+        return None
 
 
 # --- streaming a run ---------------------------------------------------------------------------
@@ -512,16 +548,31 @@ def image_file_name(prompt: str, seed: int, method: str) -> str:
     return f"{slug}_seed-{seed}_{method}.png"
 
 
-def save_image(image: Image.Image, record: dict, folder: Union[str, Path]) -> Path:
+def png_text(record: dict) -> Dict[str, str]:
+    """The PNG text chunks of a picture the app hands out (its download and the images on the page,
+    which Gradio's own download button saves with their text chunks): "sjd_pac", the run record as
+    JSON, and "parameters", the line other image tools read."""
+    return {
+        RECORD_PNG_KEY: json.dumps(record, sort_keys=True),
+        "parameters": f"{record.get('prompt', '')}\nSeed: {record.get('seed')}, "
+                      f"Sampler: {record.get('method')} ({record.get('verify')})",
+    }
+
+
+def save_image(image: Image.Image, record: dict, folder: Union[str, Path]) -> Kept:
     """Write the upscaled picture as a PNG whose text chunk "sjd_pac" holds the run record
-    (prompt, seed and every knob) as JSON, named after prompt and seed."""
-    keep = upscale_to_keep(image)
+    (prompt, seed and every knob) as JSON, named after prompt and seed; whole or not at all, and
+    in the temp dir when `folder` cannot take it (Kept.note says so; FileSaveError if neither can)."""
+    keep_image = upscale_to_keep(image)
     info = PngImagePlugin.PngInfo()
-    info.add_text(RECORD_PNG_KEY, json.dumps(record, sort_keys=True))
-    info.add_text("parameters", f"{record.get('prompt', '')}\nSeed: {record.get('seed')}, "
-                                f"Sampler: {record.get('method')} ({record.get('verify')})")
+    for key, value in png_text(record).items():
+        info.add_text(key, value)
     path = Path(folder) / image_file_name(str(record.get("prompt", "")), int(record.get("seed", 0)),
                                           str(record.get("method", "image")))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    keep.save(path, format="PNG", pnginfo=info)
-    return path
+    buffer = io.BytesIO()
+    keep_image.save(buffer, format="PNG", pnginfo=info)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # keep() then writes it to the temp dir and says so
+    return keep(path, buffer.getvalue())

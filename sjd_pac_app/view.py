@@ -11,14 +11,17 @@ import sjd_pac_core as sp
 from sjd_pac_core.config import MAX_TREE_NODES
 from sjd_pac_core.settings import record_config, settings_line
 
-from . import plots
 from .runner import METHOD_LABELS, device_label, prompt_words, run_threads
 
 METHODS: Tuple[str, ...] = ("ar", "sjd", "sjd_pac")
 STATUS_LABELS = {
-    "idle": "Ready", "loading": "Loading model", "progress": "Running", "finished": "Finished",
+    "idle": "Ready", "waiting": "Waiting", "loading": "Loading model", "progress": "Running", "finished": "Finished",
     "stopped": "Stopped", "failed": "Failed", "skipped": "Not run",
 }
+
+
+# The cards' titles: the charts' method colours, darkened to >= 4.5:1 on white (WCAG AA).
+TITLE_COLORS = {"ar": "#374151", "sjd": "#1d4ed8", "sjd_pac": "#c2410c"}
 
 
 def hints(d: sp.FamilyDefaults) -> Dict[str, str]:
@@ -29,7 +32,7 @@ def hints(d: sp.FamilyDefaults) -> Dict[str, str]:
         "top_k": f"0 = off; this model's default {d.top_k or 0}",
         "top_p": f"1 = off; this model's default {d.top_p or 1:g}",
         "window": f"L: draft tokens verified per forward pass; 'auto' picks L from measured speed; "
-                  f"this model's default {d.window}. L = 1 cannot beat AR.",
+                  f"this model's default {d.window}. L = 1 commits at most 2 tokens per pass.",
         "tree_depth": f"SJD-PAC's drafting tree after a rejection (1 = none): K + K^2 + ... + K^(D-1) tokens, "
                  f"so the cost grows as K^(D-1); at most {MAX_TREE_NODES}, so the top of D follows K; "
                  f"this model's default {d.tree_depth}",
@@ -96,7 +99,8 @@ def stats_html(summary: Dict[str, Any]) -> str:
                 f'{f"<div class=sub>{sub}</div>" if sub else ""}</div>')
 
     cards = [
-        card("Status", STATUS_LABELS.get(status, status.title()), method, cls="status"),
+        card("Status", STATUS_LABELS.get(status, status.title()),
+             "in the queue for the sampler" if status == "waiting" else method, cls="status"),
         card("Tokens", f"{done} / {total}" if total else "–",
              extra=f'<div class="track"><div class="fill" style="width:{pct:.1f}%"></div></div>'),
         card("Forward passes", str(passes) if passes is not None else "–",
@@ -144,8 +148,7 @@ def memory_chip(model: sp.ARImageModel) -> str:
 
 
 def compare_card(method: str, summary: Optional[Dict[str, Any]]) -> str:
-    color = "#%02x%02x%02x" % plots.METHOD_COLORS[method]
-    title = f'<h4 style="color:{color}">{METHOD_LABELS[method]}</h4>'
+    title = f'<h4 style="color:{TITLE_COLORS[method]}">{METHOD_LABELS[method]}</h4>'
     if summary is None:
         return f'<div class="card" data-status="waiting">{title}<span class="sub">waiting</span></div>'
     status = summary["status"]
@@ -178,6 +181,8 @@ def compare_card(method: str, summary: Optional[Dict[str, Any]]) -> str:
 
 def compare_summary_html(summaries: Dict[str, Dict[str, Any]], verify: str, seed: int, status: str,
                          repeats: int = 1) -> str:
+    if status == "waiting":
+        return f'<div data-status="{status}">Waiting in the queue for the sampler…</div>'
     if status != "finished":
         return f'<div data-status="{status}"></div>'
     parts = []

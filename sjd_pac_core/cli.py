@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Iterator, List, Optional
 
 # Only light modules at import time: config and settings import neither torch nor transformers.
+from . import arguments
 from .config import ConfigError
+from .files import FileSaveError, check_file_name, interrupts_deferred, keep
 from .demo import EXAMPLE_PROMPT
 from .images import MAX_UPSCALE, UPSCALE_FILTERS, png_bytes
-from .settings import SETTINGS, config_from_settings, flag, node_budget_value, seed_value, window_value
+from .settings import SETTINGS, config_from_settings, flag, seed_value
 
 DEVICE_NAMES = "auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps"
 BENCH_COMMANDS = ("bench", "lossless")
@@ -65,6 +67,7 @@ def image_extensions() -> List[str]:
 def check_image_path(path: str, flag: str = "--output") -> Path:
     """An image file path that can be written: not a folder, a known extension, a writable folder."""
     out = Path(path).expanduser()
+    check_file_name(out, flag)  # before any look at the path: a name too long makes stat() fail
     if path.endswith(("/", os.sep)) or out.is_dir():
         raise ArgumentError(f"{flag} {path} is a folder; give a file name such as {out / 'out.png'}.")
     if not out.suffix:
@@ -87,40 +90,12 @@ def check_device(name: str, flag: str = "--device") -> str:
 
 
 # --- argument types (argparse turns their errors into one usage line) ----------------------------
-def _window_arg(text: str):
-    try:
-        return window_value(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _node_budget_arg(text: str):
-    try:
-        return node_budget_value(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _int_at_least(low: int, high: Optional[int] = None):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
-        return value
-
-    return parse
-
-
 def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     """The sampler's flags: each is its SamplerConfig field with dashes (settings.flag), and lands
     in `args` under the field's name."""
     g = p.add_argument_group("sampler (defaults: the model family's recommended settings)")
     g.add_argument(flag("method"), choices=["ar", "sjd", "sjd_pac"], default="sjd_pac")
-    g.add_argument(flag("window"), "-L", type=_window_arg, default=None,
+    g.add_argument(flag("window"), "-L", type=arguments.window, default=None,
                    help="draft window L (1-1024), or 'auto' (chosen from measured costs and acceptance)")
     g.add_argument(flag("tree_depth"), "-D", type=int, default=None,
                    help="PD tree depth D (counts the root); the tree's cost grows as K^(D-1)")
@@ -135,7 +110,7 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
                    help="candidates at every chain position past the tree (1 = off, the default; 3 adds "
                         "2 x (L - D + 1) nodes per pass and the most tokens per pass measured, for hardware "
                         "where nodes are nearly free; needs a fixed window)")
-    g.add_argument(flag("node_budget"), type=_node_budget_arg, default=None,
+    g.add_argument(flag("node_budget"), type=arguments.node_budget, default=None,
                    help="nodes per pass (rows beyond the root; x2 with CFG): the window and tree are then "
                         "chosen every pass from the acceptance measured in the run (replaces the tree "
                         "flags; L caps the main chain); 'auto' also picks the budget from measured pass "
@@ -170,6 +145,8 @@ def validate_generate_args(args: argparse.Namespace) -> None:
     seed_value(args.seed)  # -1 (random) or 0..2^64-1; generate_image draws a random one
     check_device(args.device)
     args.output = str(check_image_path(args.output))
+    for path in _output_paths(Path(args.output), args.batch_size):
+        check_file_name(path)  # with the batch's _N
 
 
 def check_demo_prompt(model: str, prompt: str) -> None:
@@ -180,12 +157,19 @@ def check_demo_prompt(model: str, prompt: str) -> None:
     check_prompt(prompt, WEIGHTS_DIR if model == "demo" else Path(model).expanduser())
 
 
-def save_with_settings(image, path: Path, record: dict) -> None:
-    """Save `image`; a PNG also carries the run record (prompt, seed, every knob) as JSON text."""
-    if path.suffix.lower() == ".png":
-        path.write_bytes(png_bytes(image, record))
-    else:
-        image.save(path)
+def encode_with_settings(image, path: Path, record: dict) -> bytes:
+    """`image` in the format of `path`'s extension; a PNG also carries the run record (prompt, seed,
+    every knob) as JSON text."""
+    import io
+
+    from PIL import Image
+
+    image_format = Image.registered_extensions()[path.suffix.lower()]
+    if image_format == "PNG":
+        return png_bytes(image, record)
+    buffer = io.BytesIO()
+    image.save(buffer, format=image_format)
+    return buffer.getvalue()
 
 
 def _output_paths(out: Path, count: int) -> List[Path]:
@@ -211,6 +195,7 @@ def _generate(args) -> int:
     from tqdm import tqdm
 
     from .images import upscale
+    from .pass_cost import slow_shape_warning
     from .settings import pointless_setting_warnings, run_record, settings_line
     from .threads import threads_for, torch_threads
 
@@ -219,7 +204,8 @@ def _generate(args) -> int:
     if model.memory_plan is not None and not args.quiet:
         print(model.memory_plan.one_line(model.quantize), file=sys.stderr)
     config = _config_from_args(args, model.defaults)
-    encoding_tokens = model.encode_prompt(args.prompt, args.negative_prompt, args.resolution).layout.num_tokens
+    encoding = model.encode_prompt(args.prompt, args.negative_prompt, args.resolution)
+    encoding_tokens = encoding.layout.num_tokens
     bar = tqdm(total=encoding_tokens * args.batch_size, unit="tok", desc=config.method, disable=args.quiet)
 
     def on_pass(progress: sp.Progress) -> None:
@@ -233,17 +219,28 @@ def _generate(args) -> int:
         warnings.showwarning = lambda message, *_, **__: print(f"warning: {message}", file=sys.stderr)
         for message in pointless_setting_warnings(config):
             warnings.warn(message)
+        slow = slow_shape_warning(model, encoding, config)  # a few timed passes, before the run
+        if slow:
+            warnings.warn(slow)
         result = sp.generate_image(model, args.prompt, config=config, seed=args.seed,
                                    negative_prompt=args.negative_prompt, resolution=args.resolution,
                                    callback=on_pass, batch_size=args.batch_size)
     bar.close()
     cpu_threads = threads_used if model.device.type == "cpu" else None
-    paths = _output_paths(Path(args.output), len(result.images))
-    for image, path, seed in zip(result.images, paths, result.image_seeds):  # each file reproduces its image
+    files = []
+    for image, path, seed in zip(result.images, _output_paths(Path(args.output), len(result.images)),
+                                 result.image_seeds):  # each file reproduces its image
         record = run_record(config, prompt=args.prompt, seed=seed, random_seed=seed_value(args.seed) is None,
                             negative_prompt=args.negative_prompt, resolution=result.encoding.resolution,
                             model=args.model, family=model.family, device=str(model.device), threads=cpu_threads)
-        save_with_settings(upscale(image, args.upscale, args.upscale_filter), path, record)
+        files.append((path, encode_with_settings(upscale(image, args.upscale, args.upscale_filter), path, record)))
+    paths = []
+    with interrupts_deferred():  # Ctrl-C now stops once every image made is written, none half-written
+        for path, data in files:
+            kept = keep(path, data)  # a full disk: the image goes to the temp dir, and we say where
+            if kept.moved:
+                print(f"warning: {kept.note}", file=sys.stderr)
+            paths.append(kept.path)
     print(f"settings: {settings_line(config, cpu_threads)}; seed {result.seed}")
     for stats in result.all_stats:
         print(f"{stats.method}: {stats.tokens_committed} tokens in {stats.forward_passes} forward passes = "
@@ -264,16 +261,16 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     gen.add_argument("--resolution", default=None,
                      help="WxH, one of the sizes the model was trained for (default: its own; a wrong one lists them)")
     gen.add_argument("--seed", type=int, default=0, help="0 to 2^64-1; -1 picks a random one (printed)")
-    gen.add_argument("--batch-size", type=_int_at_least(1, 64), default=1)
+    gen.add_argument("--batch-size", type=arguments.whole(1, 64), default=1)
     gen.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     gen.add_argument("--device", default="auto", help=DEVICE_NAMES)
     gen.add_argument("--quantize", default="none", choices=["none", "int8", "4bit", "auto"],
                      help="weight-only quantization of the decoder layers (auto: the most precise that fits; "
                           'needs pip install "sjd-pac[quant]")')
-    gen.add_argument("--threads", type=_int_at_least(0), default=0,
+    gen.add_argument("--threads", type=arguments.threads(), default=0,
                      help="torch CPU threads (0 = chosen for the model's size: 1 for small models such as "
                           "the demo, torch's default for large ones)")
-    gen.add_argument("--upscale", type=_int_at_least(1, MAX_UPSCALE), default=1,
+    gen.add_argument("--upscale", type=arguments.whole(1, MAX_UPSCALE), default=1,
                      help=f"upscale the saved image by this factor (1-{MAX_UPSCALE}; the demo's 64 px -> 8 "
                           "gives 512 px)")
     gen.add_argument("--upscale-filter", choices=list(UPSCALE_FILTERS), default="nearest",
@@ -315,6 +312,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (ConfigError, ArgumentError, ValueError) as exc:  # ModelLoadError is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except FileSaveError as exc:
+        print(f"error: {exc}.", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

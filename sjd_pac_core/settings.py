@@ -198,23 +198,34 @@ def switch(value: object, name: str) -> bool:
 
 
 def pointless_setting_warnings(config: SamplerConfig) -> List[str]:
-    """Settings that are valid but make the chosen method pointless, one sentence each.
+    """Settings that are valid but hold the chosen method back or make it pointless, one sentence each.
 
     The CLI prints them, the nodes add them to the stats text, the app shows them: a run with
-    such a setting is still correct (every method is lossless), just not faster.
+    such a setting is still correct (every method is lossless), just not as fast as it could be.
     """
     messages: List[str] = []
     if config.method != "ar" and config.window == 1:
-        messages.append(
-            f"window L = 1 verifies a single draft per forward pass, so {config.method} cannot beat ar "
-            "and its verification only adds cost; use L = 16-64 or 'auto'."
-        )
+        messages.append(window_one_note(config))
     if config.method == "sjd_pac" and not config.adaptive_continuation and not config.use_pd:
         messages.append(
             "sjd_pac with Adaptive Continuation off and no Proactive Drafting tree is plain sjd; "
             "switch one of them on or choose method sjd."
         )
     return messages
+
+
+def window_one_note(config: SamplerConfig) -> str:
+    """What L = 1 does: one draft per pass, so at most 2 tokens per pass whatever the method (AR
+    commits 1). SJD-PAC's tree still offers K candidates for that one draft, which raises how often
+    it is accepted, but a tree level past the first has no window position to fill."""
+    text = (f"window L = 1 verifies one draft per forward pass, so {config.method} commits at most 2 tokens "
+            "per pass (AR: 1)")
+    if config.use_pd:
+        text += (f"; the drafting tree's {config.tree.widths[0]} candidates raise the chance that the one draft "
+                 "is accepted")
+        if config.tree_depth > 2:
+            text += f", and its levels past the first (D = {config.tree_depth}) go unused"
+    return text + "; use L = 16-64 or 'auto' for more."
 
 
 def settings_line(config: SamplerConfig, threads: Optional[int] = None) -> str:

@@ -61,3 +61,36 @@ def no_weights(monkeypatch):
     for module in (lumina_mgpt, emu3, janus):
         monkeypatch.setattr(module, "load_pretrained", forbidden)
     monkeypatch.setattr(lumina_mgpt, "load_chameleon_vqgan", forbidden)
+
+
+@pytest.fixture
+def full_folder(tmp_path, monkeypatch):
+    """A folder whose file system has no space left: a tiny tmpfs filled up (as root, where mount
+    works), else writes into it fail with ENOSPC from os.write (the one call write_atomic writes with)."""
+    import errno
+
+    folder = tmp_path / "full"
+    folder.mkdir()
+    mounted = hasattr(os, "geteuid") and os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(folder)], capture_output=True).returncode == 0
+    if mounted:
+        try:
+            with open(folder / "filler", "wb", buffering=0) as filler:
+                try:
+                    while True:
+                        filler.write(b"\0" * 4096)
+                except OSError:
+                    pass
+            yield folder
+        finally:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+        return
+    real_write = os.write
+
+    def write(fd, data):
+        if os.path.realpath(f"/proc/self/fd/{fd}").startswith(str(folder.resolve()) + os.sep):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    yield folder

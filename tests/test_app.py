@@ -145,7 +145,9 @@ def test_saved_picture_is_large_named_and_reproducible(tmp_path, app_model):
 
     _, model = app_model
     record = settings_for(seed=42, method="sjd_pac").record(model, 42)
-    path = runner.save_image(Image.new("RGB", (64, 64), (200, 30, 30)), record, tmp_path)
+    kept = runner.save_image(Image.new("RGB", (64, 64), (200, 30, 30)), record, tmp_path)
+    path = kept.path
+    assert not kept.moved
     assert path.name == "a-red-circle-top-left-on-a-blue-background_seed-42_sjd_pac.png"
     with Image.open(path) as image:
         assert image.size == (512, 512)
@@ -224,13 +226,29 @@ def test_job_registry_stops_only_its_own_session_and_queued_runs():
     assert not jobs.running("a") and jobs.running("b")
     again = jobs.begin("b")  # a new run in a session ends the old one
     assert b.is_set() and not again.is_set()
-    # A click registers its run before it waits in the queue; Stop reaches it there.
-    queued = jobs.submit("c")
-    assert jobs.pending("c") == 1 and jobs.stop("c") and queued.is_set()
-    assert jobs.begin("c") is queued and jobs.pending("c") == 0  # it starts already stopped
-    jobs.end("c", queued)
-    fresh = jobs.submit("c")
-    assert jobs.begin("c") is fresh and not fresh.is_set()
+    # A click takes a ticket before its run waits in the queue; a Stop after it reaches it there.
+    queued = jobs.ticket()
+    assert not jobs.stop("c")  # nothing of c's runs yet
+    assert jobs.begin("c", queued).is_set()  # it starts already stopped
+    jobs.end("c", jobs.begin("c", jobs.ticket()))  # a click after the Stop runs
+    assert not jobs.begin("c", jobs.ticket()).is_set()
+    assert not jobs.begin("d", queued).is_set()  # another session's Stop is not d's
+    assert not jobs.begin("c").is_set()  # no ticket (the API): never stopped before it starts
+
+
+def test_job_registry_keeps_nothing_for_a_click_whose_run_never_starts():
+    """Gradio drops a Generate pressed while its run goes on: that click's ticket is never used.
+    A Stop, then a new click, must run (the stop belongs to the running run and to older clicks)."""
+    jobs = JobRegistry()
+    running = jobs.begin("s", jobs.ticket())
+    dropped = jobs.ticket()  # the click Gradio drops: nothing is registered for it
+    assert jobs.remembered() == 1
+    assert jobs.stop("s") and running.is_set()
+    jobs.end("s", running)
+    nxt = jobs.begin("s", jobs.ticket())
+    assert not nxt.is_set()
+    jobs.end("s", nxt)
+    assert jobs.remembered() == 0 and dropped  # nothing left behind by either click or the Stop
 
 
 # --- generator functions, driven directly -----------------------------------------------------
@@ -411,31 +429,46 @@ def test_a_run_stopped_while_queued_never_starts(app, app_model, monkeypatch):
     started = []
     monkeypatch.setattr(runner.sp, "generate_image", lambda *a, **k: started.append(1))
     for handler, check, extra in ((app.generate, app.check, ()), (app.compare, app.check_compare, (1,))):
-        message, ok = check(*args_for(spec, model), *extra)  # the click, before the run waits in the queue
-        assert ok and message == ""
+        message, ticket, waiting = check(*args_for(spec, model), *extra)  # the click, before the run queues
+        assert ticket and message == "" and 'data-status="waiting"' in waiting
         app.stop()  # Stop pressed while it waits
-        outputs = list(handler(*args_for(spec, model), *extra))
+        outputs = list(handler(*args_for(spec, model), *extra, ticket=ticket))
         assert outputs[-1][-1]["status"] == "stopped" and "before it started" in outputs[-1][-2]
     assert started == []
     final_cards = outputs[-1][4:7]
     assert all('data-status="skipped"' in card for card in final_cards)
     monkeypatch.undo()
-    app.check(*args_for(spec, model))  # a new click after the stop runs normally
-    assert list(app.generate(*args_for(spec, model, method="sjd")))[-1][-1]["status"] == "finished"
+    _, ticket, _ = app.check(*args_for(spec, model))  # a new click after the stop runs normally
+    assert list(app.generate(*args_for(spec, model, method="sjd"), ticket=ticket))[-1][-1]["status"] == "finished"
+
+
+def test_generate_clicked_during_a_run_then_stop_then_generate_runs(app, app_model):
+    """The stale stop flag: a second Generate during a run (its run dropped by Gradio), a Stop,
+    then a Generate must run, not end with "Stopped before it started"."""
+    spec, model = app_model
+    _, ticket, _ = app.check(*args_for(spec, model, method="ar"))
+    run = app.generate(*args_for(spec, model, method="ar"), ticket=ticket)
+    next(run)
+    message, dropped, waiting = app.check(*args_for(spec, model, method="ar"))  # the click Gradio drops
+    assert dropped and not isinstance(waiting, str)  # the running run's card is left as it is
+    app.stop()
+    assert list(run)[-1][-1]["status"] == "stopped"
+    _, ticket, _ = app.check(*args_for(spec, model, method="sjd"))
+    final = list(app.generate(*args_for(spec, model, method="sjd"), ticket=ticket))[-1]
+    assert final[-1]["status"] == "finished" and "before it started" not in final[-2]
+    assert app.jobs.remembered() == 0
 
 
 def test_check_refuses_bad_settings_at_once(app, app_model):
     spec, model = app_model
-    message, ok = app.check(*args_for(spec, model, tree_depth=8, tree_width=4))
-    assert not ok and "with K = 4 use D &lt;= 4" in message and app.jobs.pending("local") == 0
-    message, ok = app.check(*args_for(spec, model, prompt="red " * 2100))
-    assert not ok and "2100 words" in message
-    message, ok = app.check_compare(*args_for(spec, model), 0)
-    assert not ok and "Repeats must be between 1" in message
-    message, ok = app.check(*args_for(spec, model, window=1))
-    assert ok and "L = 1" in message
-    app.jobs.stop("local")
-    list(app.generate(*args_for(spec, model)))  # consumes the stopped pending run
+    message, ticket, _ = app.check(*args_for(spec, model, tree_depth=8, tree_width=4))
+    assert not ticket and "with K = 4 use D &lt;= 4" in message
+    message, ticket, _ = app.check(*args_for(spec, model, prompt="red " * 2100))
+    assert not ticket and "2100 words" in message
+    message, ticket, _ = app.check_compare(*args_for(spec, model), 0)
+    assert not ticket and "Repeats must be between 1" in message
+    message, ticket, _ = app.check(*args_for(spec, model, window=1))
+    assert ticket and "L = 1" in message
 
 
 def test_random_seeds_give_different_pictures(app, app_model):
@@ -489,3 +522,20 @@ def test_served_app_streams_stops_and_survives_errors(served_app, app_model):
     again = client.predict(*args_for(spec, model, method="sjd"), api_name="/generate")
     assert again[-1]["status"] == "finished"
     assert again[-1]["forward_passes"] == reference_stats(model, "sjd").forward_passes
+
+
+def test_a_download_that_cannot_be_saved_keeps_the_picture(app, app_model, full_folder, monkeypatch):
+    """A full disk under the download folder: the download goes to the temp dir (the page says
+    where); if that fails too, the picture stays on the page with one sentence, and the run ends
+    as finished."""
+    from sjd_pac_core import files
+
+    spec, model = app_model
+    app.output_dir = full_folder
+    final = list(app.generate(*args_for(spec, model, method="sjd")))[-1]
+    assert final[-1]["status"] == "finished" and "kept it as" in final[6]
+    assert Path(final[2]).is_file() and not Path(final[2]).is_relative_to(full_folder)
+    monkeypatch.setattr(files.tempfile, "mkdtemp", lambda prefix: str(full_folder))
+    final = list(app.generate(*args_for(spec, model, method="sjd")))[-1]
+    assert final[-1]["status"] == "finished" and final[1] is not None and final[1].size[0] >= 256
+    assert "its download could not be saved" in final[6] and "free some disk space" in final[6]

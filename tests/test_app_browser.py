@@ -50,6 +50,13 @@ def open_page(browser, url: str, width: int = 1440, height: int = 1100):
     return page
 
 
+def finished_run(page) -> None:
+    """A gumbel run of the page's settings, to its end."""
+    page.get_by_label(GUMBEL).check()
+    page.click("#generate-btn")
+    assert wait_status(page, "finished") == "finished"
+
+
 def status(page) -> str:
     return page.get_attribute("#run-stats [data-status]", "data-status")
 
@@ -219,16 +226,21 @@ OVERFLOW_JS = """() => {
   return {scroll: document.documentElement.scrollWidth, width, bad: bad.slice(0, 10)};
 }"""
 
-CONTRAST_JS = """(sel) => {
+# Contrast by WCAG 2's formula: the text colour against the first opaque background up the tree.
+COLOR_JS = """
   const parse = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
   const lum = ([r, g, b]) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
                                 return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
   const background = (el) => { for (let e = el; e; e = e.parentElement) {
       const c = parse(getComputedStyle(e).backgroundColor); if (c.length >= 3 && (c.length < 4 || c[3] > 0.5)) return c; }
     return [255, 255, 255]; };
-  return [...document.querySelectorAll(sel)].filter(e => e.innerText.trim()).map(e => {
-    const a = lum(parse(getComputedStyle(e).color)), b = lum(background(e));
-    return [e.innerText.slice(0, 30), (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)]; });
+  const contrast = (e) => { const a = lum(parse(getComputedStyle(e).color)), b = lum(background(e));
+                            return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05); };
+"""
+
+CONTRAST_JS = "(sel) => {" + COLOR_JS + """
+  return [...document.querySelectorAll(sel)].filter(e => e.innerText.trim()).map(e =>
+    [e.innerText.slice(0, 30), contrast(e)]);
 }"""
 
 
@@ -236,9 +248,7 @@ def test_phone_layout_has_results_near_the_button_no_overflow_and_readable_hints
     _, url = served_app
     page = open_page(browser, url, width=400, height=860)
     try:
-        page.get_by_label(GUMBEL).check()
-        page.click("#generate-btn")
-        assert wait_status(page, "finished") == "finished"
+        finished_run(page)
         layout = page.evaluate(OVERFLOW_JS)
         assert layout["scroll"] <= layout["width"] and layout["bad"] == [], layout
         button = page.locator("#generate-btn").bounding_box()
@@ -257,5 +267,186 @@ def test_phone_layout_has_results_near_the_button_no_overflow_and_readable_hints
             page.evaluate("window.scrollTo(0, document.querySelector('#prompt').getBoundingClientRect().top"
                           " + window.scrollY - 8)")
             page.screenshot(path=target, full_page=False)
+    finally:
+        page.close()
+
+
+# --- a Generate pressed during a run, then Stop: the next Generate runs ------------------------
+
+def test_generate_pressed_during_a_run_leaves_no_stop_behind(served_app, browser):  # noqa: F811
+    """Gradio drops a second click of a running event; a later Stop must not leave a flag for a run
+    that never queued, so the Generate after that Stop runs to the end (before, it ended at once
+    with "Stopped before it started"). The Stop comes after the first run's end, so the test does
+    not depend on how fast the run is."""
+    _, url = served_app
+    page = open_page(browser, url)
+    try:
+        page.get_by_label("AR", exact=True).check()  # one token per pass: the longest run
+        page.click("#generate-btn")
+        wait_status(page, "progress")
+        page.click("#generate-btn")  # dropped by Gradio: the run is still going
+        page.focus("#prompt textarea")
+        page.keyboard.press("Control+Enter")  # dropped too
+        assert wait_status(page, "finished", "stopped") in ("finished", "stopped")
+        page.click("#stop-btn")  # nothing runs now: this Stop must stop nothing later
+        page.wait_for_timeout(300)
+        page.get_by_label("SJD-PAC", exact=True).check()
+        page.click("#generate-btn")
+        page.wait_for_function(  # this run's end (the status card names its method), or the bug's message
+            "() => [...document.querySelectorAll('#run-stats [data-status=finished] .stat .sub')]"
+            ".some(e => e.innerText.trim() === 'SJD-PAC')"
+            " || document.querySelector('#message').innerText.includes('before it started')",
+            timeout=RUN_TIMEOUT)
+        assert "before it started" not in page.inner_text("#message")
+        assert status(page) == "finished"
+    finally:
+        page.close()
+
+
+# --- six tabs on one browser: Stop still reaches the server, a sixth tab still loads ------------
+
+@pytest.mark.slow
+def test_stop_works_and_a_sixth_tab_loads_with_five_tabs_busy(served_app, browser):  # noqa: F811
+    """Browsers open at most six connections per host (HTTP/1.1) for all tabs of a profile
+    together. An idle tab holds none (no heartbeat stream), a waiting or running one holds one
+    (its queue stream): with five tabs busy, a sixth loads and Stop is answered at once."""
+    _, url = served_app
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    try:
+        pages = []
+        for _ in range(5):
+            page = context.new_page()
+            page.goto(url, wait_until="domcontentloaded")
+            page.wait_for_selector("#run-stats [data-status='idle']", timeout=60_000)
+            pages.append(page)
+        busy, waiting = pages[0], pages[1:]
+        busy.fill("#window input", "1")  # SJD and SJD-PAC at L = 1 take about as long as AR: a long job
+        busy.keyboard.press("Tab")  # (Enter would pick the first choice starting with 1: 12)
+        assert busy.input_value("#window input") == "1"  # the long job it is meant to be
+        busy.get_by_role("tab", name="Compare").click()
+        set_number(busy, "#compare-repeats input", "10")
+        busy.click("#compare-btn")
+        busy.wait_for_selector("#compare-card-ar [data-status='progress']", timeout=RUN_TIMEOUT)
+        for page in waiting:  # four runs queue behind it, each tab holding its queue stream
+            page.click("#generate-btn")
+            page.wait_for_selector("#run-stats [data-status='waiting']", timeout=10_000)
+            assert "Waiting" in page.inner_text("#run-stats .status")  # not "Ready"
+
+        sixth = context.new_page()
+        sixth.goto(url, wait_until="domcontentloaded", timeout=30_000)
+        sixth.wait_for_selector("#run-stats [data-status='idle']", timeout=30_000)
+
+        assert busy.locator("#compare-summary [data-status='progress']").count() == 1, "the job ended too soon"
+        # Stop in every waiting tab, then in the busy one, at once (a script's click: no waiting for
+        # the pages between them); each waiting run then starts stopped and never runs.
+        for page in [*waiting, busy]:
+            page.evaluate("() => document.querySelector('#stop-btn').click()")
+        busy.wait_for_selector("#compare-summary [data-status='stopped']", state="attached", timeout=30_000)
+        for page in waiting:
+            page.wait_for_function("() => document.querySelector('#message').innerText.includes('before it started')",
+                                   timeout=RUN_TIMEOUT)
+            assert page.get_attribute("#run-stats [data-status]", "data-passes") == ""
+        sixth.click("#generate-btn")  # and the sixth tab runs
+        assert wait_status(sixth, "finished") == "finished"
+    finally:
+        context.close()
+
+
+# --- accessibility: contrast of every text, names of images and controls --------------------------
+
+TEXT_CONTRAST_JS = "() => {" + COLOR_JS + """
+  const low = [];
+  let checked = 0;
+  for (const e of document.querySelectorAll('.gradio-container *')) {
+    const own = [...e.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
+    if (!own || !e.offsetParent || e.closest('[disabled], footer')) continue;
+    checked += 1;
+    const ratio = contrast(e);
+    if (ratio < 4.5) low.push([e.textContent.trim().slice(0, 30), ratio.toFixed(2)]);
+  }
+  return {checked, low};
+}"""
+
+
+def unnamed_controls(page) -> list:
+    """Buttons and links in the accessibility tree Chromium computes that have no name (a toolbar
+    button with only an icon, an image-wrapping button whose image has no alt text)."""
+    cdp = page.context.new_cdp_session(page)
+    try:
+        nodes = cdp.send("Accessibility.getFullAXTree")["nodes"]
+    finally:
+        cdp.detach()
+    bad = []
+    for node in nodes:
+        role = node.get("role", {}).get("value")
+        if node.get("ignored") or role not in ("button", "link"):
+            continue
+        if not str(node.get("name", {}).get("value", "")).strip():
+            html = cdp_html(page, node.get("backendDOMNodeId"))
+            bad.append((role, html))
+    return bad
+
+
+def cdp_html(page, backend_id) -> str:
+    cdp = page.context.new_cdp_session(page)
+    try:
+        obj = cdp.send("DOM.resolveNode", {"backendNodeId": backend_id})["object"]
+        out = cdp.send("Runtime.callFunctionOn", {"objectId": obj["objectId"], "returnByValue": True,
+                                                  "functionDeclaration": "function() { return (this.parentElement ? this.parentElement.outerHTML : this.outerHTML).slice(0, 300); }"})
+        return out["result"].get("value", "")
+    finally:
+        cdp.detach()
+
+
+def test_every_text_meets_wcag_aa_and_every_control_has_a_name(served_app, browser):  # noqa: F811
+    _, url = served_app
+    page = open_page(browser, url)
+    try:
+        finished_run(page)
+        page.hover("#preview-image")  # its toolbar shows
+        for tab in ("Live", "Compare"):
+            page.get_by_role("tab", name=tab).click()
+            measured = page.evaluate(TEXT_CONTRAST_JS)
+            assert measured["checked"] > 40 and measured["low"] == [], (tab, measured["low"])
+            page.hover("#generate-btn")  # the button's hover colour too
+            hovered = page.evaluate(TEXT_CONTRAST_JS)["low"]
+            assert hovered == [], (tab, hovered)
+            assert unnamed_controls(page) == [], tab
+        alts = page.eval_on_selector_all("img", "els => els.map(e => [e.alt, (e.closest('[id]') || {}).id])")
+        assert all(alt.strip() for alt, _ in alts), alts  # Gradio's footer icons included
+        ours = [alt for alt, where in alts if where and where.startswith(("preview", "hist", "pass", "compare"))]
+        assert len(ours) == 6 and all(len(alt) > 20 for alt in ours), ours
+    finally:
+        page.close()
+
+
+# --- Gradio's own download button: the picture keeps its settings --------------------------------
+
+def test_the_image_download_buttons_keep_the_run_record(served_app, browser, tmp_path):  # noqa: F811
+    from PIL import Image
+
+    _, url = served_app
+    page = open_page(browser, url)
+    try:
+        finished_run(page)
+        seed = int(page.inner_text("#run-stats .run-line").split("Seed ", 1)[1].split(" ", 1)[0])
+
+        def download(selector: str) -> dict:
+            page.hover(selector)
+            with page.expect_download() as info:
+                page.locator(f"{selector} button[aria-label='Download']").first.click()
+            with Image.open(info.value.path()) as image:
+                return {"record": json.loads(image.text["sjd_pac"]), "parameters": image.text["parameters"]}
+
+        preview = download("#preview-image")
+        assert preview["record"]["seed"] == seed and preview["record"]["prompt"] == page.input_value("#prompt textarea")
+        assert f"Seed: {seed}" in preview["parameters"]
+        page.get_by_role("tab", name="Compare").click()
+        set_number(page, "#compare-repeats input", "1")
+        page.click("#compare-btn")
+        page.wait_for_selector("#compare-summary [data-status='finished']", timeout=3 * RUN_TIMEOUT)
+        for method in ("ar", "sjd_pac"):
+            saved = download(f"#compare-image-{method}")
+            assert saved["record"]["method"] == method and saved["record"]["verify"] == "gumbel"
     finally:
         page.close()

@@ -365,7 +365,8 @@ def test_pointless_window_warns_in_the_stats_text(pack, bridge, handle):
     _, stats = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(handle, **sampler_args(window=1))
     text = pack.NODE_CLASS_MAPPINGS["SJDStats"]().report(stats)["result"][1]
     warnings = [line for line in text.splitlines() if line.startswith("warning: ")]
-    assert any(w.startswith("warning: window L = 1") and "cannot beat ar" in w for w in warnings), text
+    assert any(w.startswith("warning: window L = 1") and "at most 2 tokens per pass" in w for w in warnings), text
+    assert "cannot beat" not in text
     _, stats = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]().sample(handle, **sampler_args(window=32))
     assert "warning: window" not in pack.NODE_CLASS_MAPPINGS["SJDStats"]().report(stats)["result"][1]
 
@@ -398,7 +399,8 @@ def test_web_extension_is_registered_once(pack):
     registrations = ["web" in comfy, getattr(pack, "WEB_DIRECTORY", None) is not None]
     assert registrations.count(True) == 1
     js = (REPO / "web" / "sjd_pac.js").read_text()
-    assert "setSize" not in js  # the SJD Stats node keeps the size it was created with
+    # The SJD Stats node only grows, and only as far as its summary needs (never past it, never smaller).
+    assert js.count("setSize(") == 1 and "needed > node.size[1]" in js
 
 
 def test_run_time_config_errors_name_the_fix(pack, bridge, handle):
@@ -507,6 +509,43 @@ def fake_comfyui(monkeypatch, tmp_path, bridge):
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(bridge, "_hook_installed", False)
     return state, mm, fp
+
+
+def test_two_copies_of_the_pack_still_start_the_server(fake_comfyui, tmp_path, monkeypatch):
+    """A git clone `sjd-pac-main` next to a Manager install `sjd-pac`: both folders load (as
+    ComfyUI's load_custom_node imports them, under their folder names), each adds its routes to
+    the PromptServer's table, and the server starts: aiohttp refuses a second GET (HEAD) route on
+    one path, so the route is added once per process. Real aiohttp: its app, router and server."""
+    web = pytest.importorskip("aiohttp.web")
+    from aiohttp.test_utils import TestClient, TestServer
+
+    routes = web.RouteTableDef()  # PromptServer.instance.routes
+    app = web.Application()
+    server = types.ModuleType("server")
+    server.PromptServer = types.SimpleNamespace(instance=types.SimpleNamespace(routes=routes, app=app))
+    monkeypatch.setitem(sys.modules, "server", server)
+    custom_nodes = tmp_path / "custom_nodes"
+    custom_nodes.mkdir()
+    for folder in ("sjd-pac", "sjd-pac-main"):
+        (custom_nodes / folder).symlink_to(REPO, target_is_directory=True)
+        spec = importlib.util.spec_from_file_location(
+            folder, custom_nodes / folder / "__init__.py", submodule_search_locations=[str(custom_nodes / folder)])
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, folder, module)
+        spec.loader.exec_module(module)
+        assert set(module.NODE_CLASS_MAPPINGS) == set(OUR_NODES)
+    ours = [r for r in routes if getattr(r, "path", "").startswith("/sjd_pac/")]
+    assert [(r.method, r.path) for r in ours] == [("GET", "/sjd_pac/resolutions")]
+    app.add_routes(routes)  # what PromptServer.add_routes does at start-up; raised before
+
+    async def ask() -> dict:
+        async with TestClient(TestServer(app)) as client:
+            response = await client.get("/sjd_pac/resolutions", params={"model": "janus-pro-7b"})
+            assert response.status == 200
+            return await response.json()
+
+    import asyncio
+    assert asyncio.run(ask())["model"] == "janus-pro-7b"  # answered by the one route
 
 
 def test_bridge_inside_comfyui(bridge, fake_comfyui, tmp_path):
@@ -634,7 +673,7 @@ def test_resolutions_route_is_added_only_inside_comfyui(pack, bridge, model_setu
     assert bridge.register_routes(lookup) is False  # plain Python: nothing to register with
     added = {}
 
-    class Routes:
+    class Routes(list):
         def get(self, path):
             def add(handler):
                 added[path] = handler
@@ -656,3 +695,68 @@ def test_resolutions_route_is_added_only_inside_comfyui(pack, bridge, model_setu
     request = types.SimpleNamespace(rel_url=types.SimpleNamespace(query={"model": "janus-pro-7b"}))
     assert asyncio.run(handler(request)) == ("json", {"model": "janus-pro-7b", "family": "janus",
                                                       "resolutions": ["384x384"]})
+
+
+# ComfyUI's node search (front end 1.27.10, the one ComfyUI 0.3.64 pins) matches the query's words
+# fuzzily against the class name and the display name, with Fuse.js's defaults (location 0,
+# distance 100, threshold 0.3): an exact word is found only within the first 30 characters of a
+# name. Newer front ends also search SEARCH_ALIASES. Checked in the real front end in Chromium.
+SEARCH_ROWS = [
+    ("speculative", {"SJDPACSampler", "SJDPACTextToImage", "SJDStats"}),
+    ("fast sampler", {"SJDPACSampler"}),
+    ("lumina", {"LoadARImageModel"}),
+    ("janus", {"LoadARImageModel"}),
+    ("emu3", {"LoadARImageModel"}),
+    ("sjd", set(OUR_NODES)),
+]
+
+
+def front_end_finds(query: str, name: str, display_name: str) -> bool:
+    """Every word of the query starts within the first 30 characters of the class or display name."""
+    def within(text: str, word: str) -> bool:
+        at = text.lower().find(word)
+        return 0 <= at <= 30
+    words = query.lower().split()
+    return any(all(within(text, w) for w in words) for text in (name, display_name))
+
+
+@pytest.mark.parametrize("query, expected", SEARCH_ROWS, ids=[q for q, _ in SEARCH_ROWS])
+def test_search_words_find_the_nodes(pack, query, expected):
+    found = {name for name in OUR_NODES
+             if front_end_finds(query, name, pack.NODE_DISPLAY_NAME_MAPPINGS[name])}
+    assert expected <= found, (query, found)
+    if query != "sjd":  # newer front ends: the aliases name the same nodes
+        aliased = {name for name in OUR_NODES
+                   if any(query in alias.lower() for alias in pack.NODE_CLASS_MAPPINGS[name].SEARCH_ALIASES)}
+        assert expected <= aliased, (query, aliased)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_stats_summary_is_laid_out_whole(pack, bridge, handle, tmp_path):
+    """The SJD Stats widget's layout (web/sjd_pac_chart.js) keeps every line of a real summary with a
+    warning and an AR baseline, at the width of a fresh node and of the workflows' node: nothing is
+    cut, the wall time and speedup lines are there, and the height fits them all."""
+    import json as _json
+
+    sampler, stats_node = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"](), pack.NODE_CLASS_MAPPINGS["SJDStats"]()
+    _, ar = sampler.sample(handle, **sampler_args(method="ar"))
+    _, stats = sampler.sample(handle, **sampler_args(window=1))
+    text = stats_node.report(stats, ar_baseline=ar)["ui"]["text"][0]
+    assert text.startswith("warning: window L = 1") and "speedup vs AR" in text and "wall time" in text
+    script = tmp_path / "layout.mjs"
+    script.write_text(
+        f'import {{ summaryLayout, SUMMARY_LINE_HEIGHT }} from "{REPO / "web" / "sjd_pac_chart.js"}";\n'
+        f'const text = {_json.dumps(text)};\n'
+        'const out = [246, 440].map(w => { const l = summaryLayout(text, w, 6.7);'
+        ' return {w, lines: l.lines, height: l.height, per: SUMMARY_LINE_HEIGHT}; });\n'
+        'console.log(JSON.stringify(out));\n')
+    out = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    words = text.split()
+    for layout in _json.loads(out.stdout):
+        lines = layout["lines"]
+        assert " ".join(" ".join(lines).split()) == " ".join(words)  # every word, in order, none cut
+        assert all(len(line) * 6.7 <= layout["w"] - 20 or " " not in line for line in lines)
+        assert layout["height"] == len(lines) * layout["per"] + 8
+        assert any(line.startswith("wall time") for line in lines) and any("speedup vs AR" in line for line in lines)
+        assert not any(line.endswith("...") for line in lines)

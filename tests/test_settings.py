@@ -164,3 +164,38 @@ def test_impossible_top_k_and_top_p_name_the_ui_values(field, value, fix):
     with pytest.raises(sp.ConfigError, match=re.escape(fix)) as err:
         config_from_settings(DEMO_LIKE, **{field: value})
     assert "None" not in str(err.value)
+
+
+# --- what L = 1 does, said truly -----------------------------------------------------------------
+
+@pytest.mark.parametrize("knobs, says, never", [
+    (dict(method="sjd", window=1), ["sjd commits at most 2 tokens per pass"], ["tree", "cannot beat"]),
+    (dict(method="sjd_pac", window=1, tree_depth=1), ["at most 2 tokens per pass"], ["tree", "cannot beat"]),
+    (dict(method="sjd_pac", window=1, tree_depth=2, tree_width=4, tree_first_width=None),
+     ["at most 2 tokens per pass", "tree's 4 candidates raise the chance"], ["unused", "cannot beat"]),
+    (dict(method="sjd_pac", window=1, tree_depth=3, tree_width=4),
+     ["tree's 8 candidates", "levels past the first (D = 3) go unused"], ["cannot beat"]),
+])
+def test_window_one_warning_says_what_l1_does(knobs, says, never):
+    from sjd_pac_core.settings import pointless_setting_warnings
+
+    (note,) = pointless_setting_warnings(sp.SamplerConfig(**knobs))
+    assert note.count(".") <= 2 and note.endswith("'auto' for more.")  # one sentence
+    for phrase in says:
+        assert phrase in note, note
+    for phrase in never:
+        assert phrase not in note, note
+
+
+def test_window_one_claims_hold_on_the_demo_model(demo_model):
+    """The sentence's numbers are the sampler's: at L = 1 no pass commits more than 2 tokens, and
+    the tree makes SJD-PAC take fewer passes than SJD (counts, not times)."""
+    import sjd_pac_core as sp
+
+    passes = {}
+    for method, depth in (("sjd", 1), ("sjd_pac", 2)):
+        config = demo_model.defaults.sampler_config(method=method, window=1, tree_depth=depth)
+        stats = sp.generate_image(demo_model, "a red circle on a blue background", config, seed=0).stats
+        assert max(stats.accept_lengths[1:]) <= 2 and stats.forward_passes < stats.num_tokens
+        passes[method] = stats.forward_passes
+    assert passes["sjd_pac"] < passes["sjd"]

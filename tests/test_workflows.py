@@ -262,3 +262,36 @@ def test_demo_note_lists_the_known_words():
     content = [w for w in words if len(w) > 3]  # colours, shapes, positions
     assert all(w in text for w in content if w not in ("background",)), [w for w in content if w not in text]
     assert "textures" not in text and "6-10 s per image" in text  # measured in ComfyUI 0.3.64 --cpu
+
+
+TITLE_BAR = 30  # px ComfyUI draws above a node's pos
+SCREEN = (1920, 1080)
+
+
+@pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.name)
+def test_workflow_fits_a_screen_readably_without_overlaps(path):
+    """Fitted to a 1920 x 1080 screen, the graph keeps at least 85% of its size (text stays readable);
+    no node (title bar included) covers another."""
+    nodes = load(path)["nodes"]
+    boxes = [(n["pos"][0], n["pos"][1] - TITLE_BAR, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+             for n in nodes]
+    width = max(b[2] for b in boxes) - min(b[0] for b in boxes)
+    height = max(b[3] for b in boxes) - min(b[1] for b in boxes)
+    assert min(SCREEN[0] / width, SCREEN[1] / height) >= 0.85, f"{path.name}: {width} x {height} px"
+    for i, a in enumerate(boxes):
+        for j, b in enumerate(boxes[:i]):
+            overlap = a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+            assert not overlap, f"{path.name}: node {nodes[i]['id']} covers node {nodes[j]['id']}"
+
+
+def test_comparison_nodes_say_which_method_they_show(pack):
+    wf = load(WORKFLOWS / COMPARE_WF)
+    _, _, widgets = node_spec("SJDPACSampler")
+    names = [w[0] for w in widgets]
+    label = {"ar": "AR", "sjd": "SJD", "sjd_pac": "SJD-PAC"}
+    for n in wf["nodes"]:
+        if n["type"] == "SJDPACSampler":
+            method = dict(zip(names, n["widgets_values"]))["method"]
+            assert n["title"].split(" ")[0] == label[method], n["title"]
+    titles = [n.get("title") for n in wf["nodes"] if n["type"] != "Note" and n["type"] != "LoadARImageModel"]
+    assert all(titles) and len(set(titles)) == len(titles), titles

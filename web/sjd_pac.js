@@ -4,7 +4,7 @@
 // resolution list narrowed to the sizes of the model its loader names (sjd_pac_sizes.js).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { applyProgress, drawChart, emptyChart, wrapText } from "./sjd_pac_chart.js";
+import { SUMMARY_FONT, SUMMARY_LINE_HEIGHT, applyProgress, drawChart, emptyChart, summaryLayout } from "./sjd_pac_chart.js";
 import { LOADER_TYPE, RESOLUTION_NODES, ROUTE, createSizeLookup, refreshResolutions } from "./sjd_pac_sizes.js";
 
 const lookupSizes = createSizeLookup(async (model) => {
@@ -25,7 +25,6 @@ function refreshAllSamplers() {
 
 const CHART_NODES = new Set(["SJDPACSampler", "SJDPACTextToImage"]);
 const CHART_HEIGHT = 120;
-const LINE_HEIGHT = 14;
 
 function chartWidget(node) {
   return {
@@ -43,9 +42,9 @@ function chartWidget(node) {
   };
 }
 
-// The summary widget has a fixed height (SUMMARY_LINES lines), so the SJD Stats node is sized once
-// when it is created and never grows over the node below it after a run; longer text is cut with "...".
-const SUMMARY_LINES = 12;
+// The summary widget is as tall as its text: after a run the SJD Stats node grows to show every
+// line (warnings, settings, wall time, speedup); nothing is cut off.
+const PLACEHOLDER = "Run the graph to see the summary.";
 
 function textWidget(node) {
   return {
@@ -55,21 +54,31 @@ function textWidget(node) {
     serialize: false,
     options: { serialize: false },
     computeSize(width) {
-      return [width, SUMMARY_LINES * LINE_HEIGHT + 8];
+      return [width, summaryLayout(node._sjdText || PLACEHOLDER, width, node._sjdCharWidth).height];
     },
     draw(ctx, _node, width, y) {
-      const text = node._sjdText || "Run the graph to see the summary.";
-      let lines = wrapText(text, Math.max(20, Math.floor((width - 20) / 6.2)));
-      if (lines.length > SUMMARY_LINES) lines = [...lines.slice(0, SUMMARY_LINES - 1), "..."];
       ctx.save();
+      ctx.font = SUMMARY_FONT;
+      node._sjdCharWidth = ctx.measureText("0").width || node._sjdCharWidth;
+      const { lines, height } = summaryLayout(node._sjdText || PLACEHOLDER, width, node._sjdCharWidth);
       ctx.fillStyle = "#ddd";
-      ctx.font = "11px monospace";
       lines.forEach((line, i) => {
-        ctx.fillText(line, 10, y + 12 + i * LINE_HEIGHT);
+        ctx.fillText(line, 10, y + 12 + i * SUMMARY_LINE_HEIGHT);
       });
       ctx.restore();
+      fitSummary(node, y + height);
     },
   };
+}
+
+/** Grow the node (never shrink it) until its summary, which ends `bottom` px below the node's
+ * top at the node's own width, fits: after a run, a resize, or a font wider than assumed. */
+function fitSummary(node, bottom) {
+  const needed = Math.ceil(bottom) + 4;
+  if (needed > node.size[1] + 0.5) {
+    node.setSize([node.size[0], needed]);
+    node.setDirtyCanvas(true, true);
+  }
 }
 
 app.registerExtension({
@@ -126,7 +135,7 @@ app.registerExtension({
       nodeType.prototype.onExecuted = function (message) {
         onExecuted?.apply(this, arguments);
         this._sjdText = (message?.text || []).join("\n");
-        this.setDirtyCanvas(true, true); // redraw only: the node keeps its size
+        this.setDirtyCanvas(true, true); // the next draw grows the node if the summary needs it
       };
     }
   },

@@ -76,7 +76,20 @@ export function drawChart(ctx, chart, x, y, w, h) {
   ctx.restore();
 }
 
-/** Split a summary into lines that fit `maxChars` characters. */
+export const SUMMARY_LINE_HEIGHT = 14;
+export const SUMMARY_FONT = "11px monospace";
+export const SUMMARY_CHAR_WIDTH = 6.7; // 11px monospace in the usual fonts; draw() measures the real one
+
+/**
+ * The SJD Stats summary laid out for a widget `width` px wide: every line (long ones wrapped at
+ * words, none cut off) and the height they need.
+ */
+export function summaryLayout(text, width, charWidth = SUMMARY_CHAR_WIDTH) {
+  const lines = wrapText(text, Math.max(20, Math.floor((width - 20) / (charWidth || SUMMARY_CHAR_WIDTH))));
+  return { lines, height: lines.length * SUMMARY_LINE_HEIGHT + 8 };
+}
+
+/** Split a summary into lines that fit `maxChars` characters (a longer word gets a line of its own). */
 export function wrapText(text, maxChars) {
   const out = [];
   for (const para of String(text || "").split("\n")) {

@@ -1,7 +1,7 @@
 """The output folder: one PNG per job, one line per job in results.jsonl, written so that a crash
 loses at most the jobs in flight and never duplicates one (no torch here).
 
-    DIR/images/<id>.png    written to a temporary name in the same folder, fsynced, renamed
+    DIR/images/<id>.png    written to a temporary name in the same folder, fsynced, renamed (files.write_atomic)
     DIR/results.jsonl      one JSON line per finished job, appended with flush + fsync, after its PNG
     DIR/summary.md         rewritten (atomically) at the end of every run
 
@@ -15,46 +15,16 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Dict, Iterable, Optional
 
+from ..files import TEMP_PREFIX, write_atomic
 from .jobs import BatchInputError
 
 RESULTS_NAME = "results.jsonl"
 SUMMARY_NAME = "summary.md"
 IMAGES_DIR = "images"
 LOCK_NAME = ".sjd-pac-batch.lock"
-_TEMP_PREFIX = ".tmp-"
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the whole new one, never a part."""
-    fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=path.suffix, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    _fsync_folder(path.parent)
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where folders cannot be opened (Windows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class FolderLock:
@@ -101,7 +71,7 @@ class ResultStore:
     def load(self) -> Dict[str, dict]:
         """The finished jobs, after dropping a torn tail and lines whose PNG is missing."""
         self.images.mkdir(parents=True, exist_ok=True)
-        for stale in self.images.glob(f"{_TEMP_PREFIX}*"):  # PNGs a crash left half-written
+        for stale in self.images.glob(f"{TEMP_PREFIX}*"):  # PNGs a crash left half-written
             stale.unlink(missing_ok=True)
         raw = self.results.read_bytes() if self.results.exists() else b""
         kept, dropped = [], 0

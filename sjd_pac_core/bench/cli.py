@@ -24,10 +24,12 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from .. import arguments
 from ..settings import config_from_settings
 from .lossless import DEFAULT_CONTROL_TEMPERATURE
 from .methods import (DEFAULT_METHODS, PRESETS, RULE_VARIANTS, RULE_WINDOWS, MethodSpec, parse_methods,
                       parse_seeds, rule_grid, with_budgets, with_rules)
+from .report import keep_all
 from .runner import load_prompts
 
 LOSSLESS_METHODS = "sjd-pac@64"
@@ -42,27 +44,29 @@ def _common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-set", default=None,
                    help="demo, general or a text file (one prompt per line); default: demo for the demo "
                         "model, general otherwise")
-    p.add_argument("--prompts", type=int, default=None, help="use only the first N prompts")
-    p.add_argument("--seeds", default=None, help="seeds: 0 | 0,1,2 | 0-9 (bench default 0; lossless 0-119)")
-    p.add_argument("--methods", default=None,
+    p.add_argument("--prompts", type=arguments.whole(1, 100_000, "leave it out for every prompt of the set"),
+                   default=None, help="use only the first N prompts")
+    p.add_argument("--seeds", type=arguments.seed_list, default=None,
+                   help=f"seeds: 0 | 0,1,2 | 0-9 (bench default 0; lossless 0-119; at most {arguments.MAX_SEEDS:,})")
+    p.add_argument("--methods", type=arguments.nonempty("methods", "ar,sjd-pac@64"), default=None,
                    help=f"comma-separated grid or a preset ({', '.join(PRESETS)}, rules); default: paper = "
                         f"{DEFAULT_METHODS}. sjd+pd / sjd+ac are SJD-PAC with only one of its two parts; "
                         "generate / generate-static are transformers' generate with our recipe in a logits "
                         "processor; ':gumbel' / ':rejection' fixes a row's rule, ':compile' compiles it, "
                         "':d2:k4:f8:s16' sets a tree's depth, width, first-level width (f0: uniform) and side "
                         "chain (s0: none), ':b128' a node budget per pass")
-    p.add_argument("--rules", default=None,
+    p.add_argument("--rules", type=arguments.nonempty("rules", "rejection,gumbel"), default=None,
                    help="run every method without its own rule under each of these (rejection,gumbel)")
-    p.add_argument("--budgets", default=None,
+    p.add_argument("--budgets", type=arguments.budget_list, default=None,
                    help="node-budget axis: every sjd-pac row without its own ':bB' once per budget, nodes per "
                         "pass (with CFG each node is two rows): e.g. none,32,64,128,256 (none: the row's own "
                         "window and tree; auto: chosen per pass from the measured cost curve)")
-    p.add_argument("--variants", default=None,
+    p.add_argument("--variants", type=arguments.nonempty("variants", "sjd,sjd-pac"), default=None,
                    help=f"rule grid: these variants x --windows x --rules, plus AR (default {','.join(RULE_VARIANTS)})")
-    p.add_argument("--windows", default=None,
+    p.add_argument("--windows", type=arguments.nonempty("windows", "16,32"), default=None,
                    help=f"rule grid: windows (default {','.join(RULE_WINDOWS)})")
     p.add_argument("--out", default=None, help="output folder (default runs/bench or runs/lossless)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=arguments.threads(), default=1,
                    help="torch CPU threads (default 1: repeatable on a shared machine; 0 = torch's default)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -72,11 +76,13 @@ def _lossless_args(p: argparse.ArgumentParser, in_bench: bool) -> None:
     g.add_argument("--ar-source", choices=["auto", "reference", "loop"], default="auto",
                    help="AR samples from the demo's batched reference sampler (auto: when it applies) "
                         "or the library's own AR loop")
-    g.add_argument("--control-temperature", type=float, default=DEFAULT_CONTROL_TEMPERATURE,
+    g.add_argument("--control-temperature", type=arguments.real(0.0, 1.0, below=True, hint="0 = no control"),
+                   default=DEFAULT_CONTROL_TEMPERATURE,
                    help="negative control: AR at this fraction of the temperature must FAIL "
                         f"(default {DEFAULT_CONTROL_TEMPERATURE}; 0 = none)")
-    g.add_argument("--gumbel-pairs", type=int, default=3, help="(prompt, seed) pairs for the token-identical check")
-    g.add_argument("--permutations", type=int, default=1999,
+    g.add_argument("--gumbel-pairs", type=arguments.whole(0, 1000, "0 skips the token-identical check"), default=3, help="(prompt, seed) pairs for the token-identical check")
+    g.add_argument("--permutations", type=arguments.whole(1, 1_000_000, "1999 lets p fall below 0.001"),
+                   default=1999,
                    help="relabellings per permutation test (>= 1999 so that p can fall below 0.001)")
 
 
@@ -87,7 +93,7 @@ def add_bench_parser(subparsers, add_sampler_args: Callable[[argparse.ArgumentPa
     _common_args(bench)
     bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each method")
     bench.add_argument("--no-plots", action="store_true")
-    bench.add_argument("--locality-samples", type=int, default=4,
+    bench.add_argument("--locality-samples", type=arguments.whole(0, 1000, "0 skips the locality curve"), default=4,
                        help="AR samples for the locality curve (demo model; 0 = skip)")
     bench.add_argument("--numerics", action="store_true",
                        help="count fp32 vs bf16 token flips under verify='gumbel' instead (demo model; no timing)")
@@ -133,7 +139,7 @@ def _grid_before_compile(args, default: str) -> List[MethodSpec]:
         if args.methods and args.methods.strip().lower() != "rules":
             raise ValueError("Give the grid either with --methods or with --variants/--windows, not both.")
         return rule_grid(variants or RULE_VARIANTS, windows or RULE_WINDOWS, rules or ("rejection", "gumbel"))
-    specs = with_budgets(_grid_single_or_list(args, default), _split(getattr(args, "budgets", None)))
+    specs = with_budgets(_grid_single_or_list(args, default), getattr(args, "budgets", None) or ())
     return with_rules(specs, rules) if rules else specs
 
 
@@ -191,7 +197,7 @@ def _bench(args) -> int:
     methods = _grid_from_args(args, DEFAULT_METHODS)
     model, prompt_set = _setup(args)
     prompts = load_prompts(prompt_set, args.prompts)
-    seeds = parse_seeds(args.seeds or "0")
+    seeds = args.seeds or [0]
     base = _base_config(model, args)
     out = Path(args.out or "runs/bench")
     n_runs = len(prompts) * len(seeds) * len(methods)
@@ -214,7 +220,7 @@ def _bench(args) -> int:
         data = json.loads(paths["json"].read_text())
         data["figures"] = figures
         data["locality"] = locality
-        paths["json"].write_text(json.dumps(data, indent=1, default=float))
+        paths.update(keep_all({"json": (paths["json"], json.dumps(data, indent=1, default=float))}))
     print(paths["markdown"].read_text())
     print(f"wrote {paths['json']}, {paths['markdown']}" + (f" and {len(figures)} figures" if figures else ""))
     return 0
@@ -270,18 +276,18 @@ def _numerics(args) -> int:
         torch.set_num_threads(args.threads)
     prompt_set = args.prompt_set or "demo"
     prompts = load_prompts(prompt_set, args.prompts or 10)
-    seeds = parse_seeds(args.seeds or "0")
+    seeds = args.seeds or [0]
     methods = parse_methods(args.methods or "sjd-pac@32")
     out = Path(args.out or "runs/numerics")
     out.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = measure_flips(args.model, prompts, seeds, methods, progress=not args.quiet)
-    (out / "numerics.json").write_text(json.dumps(result, indent=1, default=float))
     report = markdown_report(result)
-    (out / "numerics.md").write_text(report + "\n")
+    paths = keep_all({"json": (out / "numerics.json", json.dumps(result, indent=1, default=float)),
+                      "markdown": (out / "numerics.md", report + "\n")})
     print(report)
-    print(f"wrote {out / 'numerics.json'}, {out / 'numerics.md'}")
+    print(f"wrote {paths['json']}, {paths['markdown']}")
     return 0
 
 
@@ -294,7 +300,7 @@ def _lossless(args) -> int:
     methods = _grid_from_args(args, LOSSLESS_METHODS)
     model, prompt_set = _setup(args)
     prompts = load_prompts(prompt_set, args.prompts or LOSSLESS_PROMPTS)
-    seeds = parse_seeds(args.seeds or LOSSLESS_SEEDS)
+    seeds = args.seeds or parse_seeds(LOSSLESS_SEEDS)
     base = _base_config(model, args)
     out = Path(args.out or "runs/lossless")
     out.mkdir(parents=True, exist_ok=True)
@@ -309,11 +315,11 @@ def _lossless(args) -> int:
     torch.save(samples, out / "samples.pt")  # the sampled tokens, to rerun the tests offline
     if images:
         _image_pairs(images, out / "gumbel_pairs.png")
-    (out / "lossless.json").write_text(json.dumps(result, indent=1, default=float))
     report = markdown_report(result)
-    (out / "lossless.md").write_text(report + "\n")
+    paths = keep_all({"json": (out / "lossless.json", json.dumps(result, indent=1, default=float)),
+                      "markdown": (out / "lossless.md", report + "\n")})
     print(report)
-    print(f"wrote {out / 'lossless.json'}, {out / 'lossless.md'}, samples.pt" + (", gumbel_pairs.png" if images else ""))
+    print(f"wrote {paths['json']}, {paths['markdown']}, samples.pt" + (", gumbel_pairs.png" if images else ""))
     return 0 if result["passed"] else 1
 
 

@@ -1,7 +1,7 @@
 """Where a pass loses tokens, by drafting variant and verification rule (a counting benchmark).
 
     python -m sjd_pac_core.bench.drafting --prompts 4 --seeds 0 1 --window 64
-    python -m sjd_pac_core.bench.drafting --prompt-set sjd_pac_core/demo/quality_prompts.txt \\
+    python -m sjd_pac_core.bench.drafting --prompt-set sjd_pac_core/demo/tools/quality_prompts.txt \\
         --seeds 0 1 --budgets 32 64 128 256
 
 Runs each drafting variant under both rules on the same prompts and seeds, and reports step
@@ -30,7 +30,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from ..config import SamplerConfig, TreeLevels
+from .. import arguments
+from ..config import MAX_NODE_BUDGET, SamplerConfig, TreeLevels
 from ..engine.stats import RunStats
 from ..generate import generate_image
 from .runner import load_prompts
@@ -178,12 +179,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--model", default="demo")
     parser.add_argument("--prompt-set", default=None,
                         help="demo, general or a text file (default: demo for the demo model, general otherwise)")
-    parser.add_argument("--prompts", type=int, default=None, help="first N prompts of the set (default: all)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--window", type=int, default=64, help="L (for a budget: the longest main chain)")
+    parser.add_argument("--prompts", type=arguments.whole(1, 100_000), default=None,
+                        help="first N prompts of the set (default: all)")
+    parser.add_argument("--seeds", type=arguments.seed, nargs="+", default=[0, 1])
+    parser.add_argument("--window", type=arguments.whole(1, 1024), default=64,
+                        help="L (for a budget: the longest main chain)")
     parser.add_argument("--variants", nargs="*", default=None, choices=list(VARIANTS),
                         help="default: all of them, or none with --budgets")
-    parser.add_argument("--budgets", type=int, nargs="*", default=[],
+    parser.add_argument("--budgets", type=arguments.whole(1, MAX_NODE_BUDGET), nargs="*", default=[],
                         help="nodes per pass: today's tree within each budget and the budget drafter")
     parser.add_argument("--rules", nargs="+", default=["rejection", "gumbel"], choices=["rejection", "gumbel"])
     args = parser.parse_args(argv)

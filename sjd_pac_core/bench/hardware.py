@@ -46,6 +46,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from .. import arguments
 from .shapes import CPU_SHAPES, SHAPES, TINY_SHAPES, Shape, build_random_model, image_token_ids, text_vocab  # noqa: F401
 
 
@@ -245,29 +246,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--shapes", default=None,
                    help=f"comma-separated, from {', '.join([*SHAPES, *CPU_SHAPES])} (default: the GPU shapes); "
                         f"{', '.join(CPU_SHAPES)} runs on a CPU in fp32")
-    p.add_argument("--max-window", type=int, default=None, help="curve for L = 1..this (default 96; tiny 8)")
+    p.add_argument("--max-window", type=arguments.whole(1, 1024), default=None, help="curve for L = 1..this (default 96; tiny 8)")
     p.add_argument("--windows", default=None, help="curve at these L only, comma-separated (overrides --max-window)")
-    p.add_argument("--rounds", type=int, default=None, help="timed rounds per L (default 5; tiny 2)")
+    p.add_argument("--rounds", type=arguments.whole(1, 10_000), default=None, help="timed rounds per L (default 5; tiny 2)")
     p.add_argument("--context-fractions", default="0.5,1.0",
                    help="where in the image the curve is measured: fractions of the image tokens done")
-    p.add_argument("--overhead-tokens", type=int, default=None, help="image tokens per overhead run (256; tiny 8)")
+    p.add_argument("--overhead-tokens", type=arguments.whole(1, 1_000_000), default=None, help="image tokens per overhead run (256; tiny 8)")
     p.add_argument("--overhead-methods", default="ar,sjd@32,sjd-pac@32,sjd-pac@64,sjd-pac@64:gumbel")
     p.add_argument("--compile", action="store_true", help="add compiled rows (SamplerConfig(compile=True))")
-    p.add_argument("--budgets", default=None,
+    p.add_argument("--budgets", type=arguments.budget_list, default=None,
                    help="node budgets to time, comma-separated (default 32,64,128,256; tiny: none); 'none' skips")
     p.add_argument("--demo-methods", default=None,
                    help="demo rows (default: the baselines preset; tiny: ar,generate,sjd-pac@16)")
-    p.add_argument("--demo-prompts", type=int, default=None, help="demo prompts (default 20; tiny 1)")
-    p.add_argument("--demo-seeds", default="0")
+    p.add_argument("--demo-prompts", type=arguments.whole(1, 100_000), default=None, help="demo prompts (default 20; tiny 1)")
+    p.add_argument("--demo-seeds", type=arguments.seed_list, default=[0])
     p.add_argument("--no-demo", action="store_true")
     p.add_argument("--quantized-shape", default=None,
                    help="shape of the quantized rows (default: the first shape); 'none' skips them")
-    p.add_argument("--quantized-tokens", type=int, default=None, help="image tokens per quantized run (64; tiny 8)")
+    p.add_argument("--quantized-tokens", type=arguments.whole(1, 1_000_000), default=None, help="image tokens per quantized run (64; tiny 8)")
     p.add_argument("--out", default="runs/gpu_bench")
     args = p.parse_args(argv)
 
     from ..models.loader import resolve_device
-    from .methods import BASELINE_METHODS, parse_seeds
+    from .methods import BASELINE_METHODS
 
     device = resolve_device(args.device)
     table = TINY_SHAPES if args.tiny else {**SHAPES, **CPU_SHAPES}
@@ -287,8 +288,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fractions = [float(f) for f in args.context_fractions.split(",")]
     overhead_tokens = args.overhead_tokens or (8 if args.tiny else 256)
     overhead_methods = [m for m in args.overhead_methods.split(",") if m]
-    budget_text = args.budgets or ("none" if args.tiny else "32,64,128,256")
-    budgets = [] if budget_text == "none" else [int(b) for b in budget_text.split(",") if b.strip()]
+    chosen = args.budgets if args.budgets is not None else ([] if args.tiny else [32, 64, 128, 256])
+    budgets = [b for b in chosen if isinstance(b, int)]  # none skips the part; auto runs with any budget
     budget_methods = [f"sjd-pac@64:b{b}" for b in budgets] + (["sjd-pac@64:bauto"] if budgets else [])
     if args.compile:
         overhead_methods += [f"{m}:compile" for m in overhead_methods if ":compile" not in m]
@@ -343,7 +344,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         methods = args.demo_methods or ("ar,generate,sjd-pac@16" if args.tiny else BASELINE_METHODS)
         print(f"demo rows: {methods}", flush=True)
         result["demo"] = demo_rows(str(device), methods, args.demo_prompts or (1 if args.tiny else 20),
-                                   parse_seeds(args.demo_seeds), warmup=not args.tiny)
+                                   args.demo_seeds, warmup=not args.tiny)
     result["seconds"] = time.perf_counter() - start
     (out / "gpu_bench.json").write_text(json.dumps(result, indent=1, default=float))
     report = markdown_report(result)

@@ -11,10 +11,12 @@ tree). `MethodSpec.config` turns a row into the SamplerConfig it runs.
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass, fields, replace
 from typing import List, Optional, Sequence, Tuple, Union
 
+from .. import arguments
 from ..config import SamplerConfig
 
 # The paper's tables (spec section 6): AR; SJD at L=16, 32; SJD+PD, SJD+AC, SJD-PAC at L=32, 64;
@@ -206,25 +208,16 @@ def with_rules(specs: Sequence[MethodSpec], rules: Sequence[str]) -> List[Method
     return out
 
 
-def with_budgets(specs: Sequence[MethodSpec], budgets: Sequence[str]) -> List[MethodSpec]:
+def with_budgets(specs: Sequence[MethodSpec], budgets: Sequence[Union[int, str, None]]) -> List[MethodSpec]:
     """The node-budget axis: every SJD-PAC row without its own budget, once per budget of
-    `budgets` (a number of nodes per pass, auto, or none: the row as it is)."""
-    if not budgets:
-        return list(specs)
-    values: List[Union[int, str, None]] = []
-    for text in budgets:
-        if text not in ("none", "auto") and not (text.isdigit() and int(text) >= 1):
-            raise ValueError(f"--budgets {','.join(budgets)!r}: use whole numbers of nodes per pass, auto or none, "
-                             "comma-separated (e.g. none,32,64,128,256).")
-        values.append(None if text == "none" else text if text == "auto" else int(text))
+    `budgets` (nodes per pass, "auto", or None: the row as it is; arguments.budget_list)."""
     out: List[MethodSpec] = []
     for spec in specs:
-        if spec.variant != "sjd-pac" or spec.node_budget is not None:
+        if not budgets or spec.variant != "sjd-pac" or spec.node_budget is not None:
             out.append(spec)
         else:
-            out.extend(replace(spec, node_budget=value) for value in values)
+            out.extend(replace(spec, node_budget=value) for value in budgets)
     return out
-
 
 def method_label(key: str) -> str:
     """A row's human label ('SJD-PAC L=32, gumbel'), or the key itself if it is not a method."""
@@ -261,20 +254,9 @@ def method_key(config: SamplerConfig, base: SamplerConfig) -> str:
 
 
 def parse_seeds(text: str) -> List[int]:
-    """'0', '0,3,7', '0-9' or a mix: '0-4,10'."""
-    seeds: List[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, dash, hi = part.partition("-")
-        try:
-            if dash:
-                seeds.extend(range(int(lo), int(hi) + 1))
-            else:
-                seeds.append(int(part))
-        except ValueError:
-            raise ValueError(f"--seeds {text!r}: use integers, lists (0,1,2) or ranges (0-9).") from None
-    if not seeds:
-        raise ValueError("--seeds is empty.")
-    return seeds
+    """'0', '0,3,7', '0-9' or a mix: '0-4,10' (the rule of arguments.seed_list: at most
+    arguments.MAX_SEEDS seeds, none twice), refused as a ValueError."""
+    try:
+        return arguments.seed_list(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"--seeds {exc}.") from None

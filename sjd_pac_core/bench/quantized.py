@@ -26,6 +26,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from .. import arguments
+
 PRECISIONS = ("none", "int8", "4bit")
 
 
@@ -180,10 +182,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--shape", default="llama-100m", choices=sorted(shapes))
     p.add_argument("--tiny", action="store_true", help="a tiny shape, 8 tokens, 1 round: proves the command runs")
     p.add_argument("--precisions", default=",".join(PRECISIONS))
-    p.add_argument("--tokens", type=int, default=256, help="image tokens per run (default 256)")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--window", type=int, default=32)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--tokens", type=arguments.whole(1, 1_000_000), default=256, help="image tokens per run (default 256)")
+    p.add_argument("--rounds", type=arguments.whole(1, 10_000), default=5)
+    p.add_argument("--window", type=arguments.whole(1, 1024), default=32)
+    p.add_argument("--threads", type=arguments.threads(allow_default=False), default=1, help="torch CPU threads (default 1)")
     p.add_argument("--out", default="runs/quant_bench")
     args = p.parse_args(argv)
 

@@ -4,9 +4,12 @@ results.md (a header naming the machine and settings, the table, the findings)."
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, Optional, Union
+from typing import Dict, Optional, Tuple, Union
+
+from ..files import keep
 
 from .findings import findings, findings_markdown
 from .methods import method_label
@@ -82,12 +85,25 @@ def to_json(result: BenchResult) -> dict:
 
 
 def write_outputs(result: BenchResult, out_dir: Union[str, Path], extra_md: str = "") -> Dict[str, Path]:
+    """Write results.json and results.md (each whole or not at all); where the folder cannot take
+    them (a full disk) both go to one folder in the temp dir, said on stderr. -> where they are."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = to_json(result)
-    paths = {"json": out / "results.json", "markdown": out / "results.md"}
-    paths["json"].write_text(json.dumps(data, indent=1, default=float), encoding="utf-8")
     md = "\n\n".join(x for x in [header_text(result), markdown_table(data["summary"]),
                                  findings_markdown(data["findings"]), extra_md] if x)
-    paths["markdown"].write_text(md + "\n", encoding="utf-8")
+    return keep_all({"json": (out / "results.json", json.dumps(data, indent=1, default=float)),
+                     "markdown": (out / "results.md", md + "\n")})
+
+
+def keep_all(files: Dict[str, Tuple[Path, str]]) -> Dict[str, Path]:
+    """files.keep for text files that belong together: one fallback folder for all, one warning each."""
+    paths: Dict[str, Path] = {}
+    fallback: Optional[Path] = None
+    for key, (path, text) in files.items():
+        kept = keep(path, text.encode("utf-8"), fallback)
+        if kept.moved:
+            print(f"warning: {kept.note}", file=sys.stderr)
+            fallback = kept.path.parent
+        paths[key] = kept.path
     return paths

@@ -31,6 +31,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 
+from ... import arguments
 from ...models.demo import DemoImageModel, folder_defaults
 from .. import WEIGHTS_DIR
 from ..model import load_demo, reference_ar_sample
@@ -80,15 +81,15 @@ def main(argv=None):
     ap.add_argument("--weights", default=WEIGHTS_DIR)
     ap.add_argument("--out", default=None, help="json results (default: <weights>/calibration.json)")
     ap.add_argument("--docs", default=None, help="write demo_samples.png / demo_vq_recon.png / demo_data.png here")
-    ap.add_argument("--samples", type=int, default=8, help="AR samples for entropy/locality")
-    ap.add_argument("--perturb", type=int, default=24, help="perturbed positions per sample (locality)")
-    ap.add_argument("--sjd-runs", type=int, default=8)
-    ap.add_argument("--window", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cfg-scale", type=float, default=None,
+    ap.add_argument("--samples", type=arguments.whole(0, 10_000), default=8, help="AR samples for entropy/locality")
+    ap.add_argument("--perturb", type=arguments.whole(0, 10_000), default=24, help="perturbed positions per sample (locality)")
+    ap.add_argument("--sjd-runs", type=arguments.whole(1, 10_000), default=8)
+    ap.add_argument("--window", type=arguments.whole(1, 1024), default=32)
+    ap.add_argument("--threads", type=arguments.threads(allow_default=False), default=1)
+    ap.add_argument("--seed", type=arguments.seed, default=0)
+    ap.add_argument("--cfg-scale", type=arguments.real(0.0, 100.0), default=None,
                     help="the sampling defaults measured besides the raw model (default: the weights' own)")
-    ap.add_argument("--temperature", type=float, default=None)
+    ap.add_argument("--temperature", type=arguments.real(0.0, 100.0, above=True), default=None)
     ap.add_argument("--verify", choices=("rejection", "gumbel"), default="rejection",
                     help="verification rule of the SJD measurements (rejection: the paper's, which the "
                          "1.8-2.8x target is for)")

@@ -42,6 +42,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 from PIL import Image
 
+from ... import arguments
 from ..captions import COLOR_NAMES, COLORS, IMAGE_SIZE, POSITIONS, SHAPES, parse_caption
 from .data import TEXTURES, shape_mask
 
@@ -512,18 +513,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calibrate", action="store_true", help="check the check: ground truth and wrong images")
-    ap.add_argument("--n", type=int, default=200, help="images per set for --calibrate / --ceiling")
+    ap.add_argument("--n", type=arguments.whole(1, 100_000), default=200, help="images per set for --calibrate / --ceiling")
     ap.add_argument("--ceiling", action="store_true",
                     help="ground-truth held-out images through the model's VQ tokenizer (no LM), checked")
     ap.add_argument("--texture", default=None, choices=list(TEXTURES),
                     help="background texture of the ground truth for --calibrate / --ceiling (data.TEXTURES; "
                          "default: the one --model was trained on, strong for the shipped demo)")
-    ap.add_argument("--cfg-scale", type=float, nargs="+", default=None, help="CFG scales (default: the model's)")
-    ap.add_argument("--temperature", type=float, nargs="+", default=None)
-    ap.add_argument("--top-k", type=int, default=None)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    ap.add_argument("--cfg-scale", type=arguments.real(0.0, 100.0), nargs="+", default=None, help="CFG scales (default: the model's)")
+    ap.add_argument("--temperature", type=arguments.real(0.0, 100.0, above=True), nargs="+", default=None)
+    ap.add_argument("--top-k", type=arguments.whole(0, 1_000_000, "0 = off"), default=None)
+    ap.add_argument("--seeds", type=arguments.seed, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--prompts", default=None, help="a prompts file (default: the 24 held-out prompts)")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=arguments.threads(allow_default=False), default=1)
     ap.add_argument("--model", default="demo", help="the demo model, or a folder written by demo.tools.train")
     ap.add_argument("--grid", default=None, help="save the images, captioned and framed, to this PNG")
     ap.add_argument("--json", default=None, help="write every image's verdict to this JSON file")

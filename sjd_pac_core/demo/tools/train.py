@@ -23,6 +23,7 @@ import time
 import numpy as np
 import torch
 
+from ... import arguments
 from ..captions import CAPTION_WORDS
 from ..vocab import BOS, EOI, PAD, SLOT_WORDS, DemoVocab
 from ..vq import VQConfig, VQModel, to_input
@@ -234,29 +235,29 @@ def write_generation_defaults(out: str, cfg_scale: float, temperature: float) ->
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None, help="output directory (default: a temp dir for --smoke, else ./runs/demo)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--images", type=int, default=12000, help="training images (generated, then VQ-encoded)")
+    ap.add_argument("--seed", type=arguments.seed, default=0)
+    ap.add_argument("--images", type=arguments.whole(1, 10_000_000), default=12000, help="training images (generated, then VQ-encoded)")
     ap.add_argument("--texture", choices=list(D.TEXTURES), default="strong",
                     help="the backgrounds' cloud noise (data.TEXTURES; default strong: a token depends on its "
                          "neighbours as in natural images; fine: data v2's clouds)")
-    ap.add_argument("--vq-steps", type=int, default=1500)
-    ap.add_argument("--vq-crop", type=int, default=32,
+    ap.add_argument("--vq-steps", type=arguments.whole(1, 10_000_000), default=1500)
+    ap.add_argument("--vq-crop", type=arguments.whole(0, 64, "0 trains on whole 64 px images"), default=32,
                     help="train the VQ on random crops of this many px (0: whole 64 px images)")
-    ap.add_argument("--vq-batch", type=int, default=32)
-    ap.add_argument("--vq-lr", type=float, default=2e-3)
-    ap.add_argument("--vq-edge-weight", type=float, default=0.0,
+    ap.add_argument("--vq-batch", type=arguments.whole(1, 65_536), default=32)
+    ap.add_argument("--vq-lr", type=arguments.real(0.0, 10.0, above=True), default=2e-3)
+    ap.add_argument("--vq-edge-weight", type=arguments.real(0.0, 1e6), default=0.0,
                     help="weight of the VQ's L1 loss on pixel differences (sharper shape edges)")
-    ap.add_argument("--codebook", type=int, default=512)
-    ap.add_argument("--lm-steps", type=int, default=5400)
-    ap.add_argument("--lm-stop-at", type=int, default=None,
+    ap.add_argument("--codebook", type=arguments.whole(2, 65_536), default=512)
+    ap.add_argument("--lm-steps", type=arguments.whole(1, 10_000_000), default=5400)
+    ap.add_argument("--lm-stop-at", type=arguments.whole(1, 10_000_000), default=None,
                     help="stop after this many LM steps of the --lm-steps schedule (the learning rate has not "
                          "decayed to its end)")
-    ap.add_argument("--lm-batch", type=int, default=16)
-    ap.add_argument("--lm-lr", type=float, default=2e-3)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--intermediate", type=int, default=512)
+    ap.add_argument("--lm-batch", type=arguments.whole(1, 65_536), default=16)
+    ap.add_argument("--lm-lr", type=arguments.real(0.0, 10.0, above=True), default=2e-3)
+    ap.add_argument("--hidden", type=arguments.whole(1, 65_536), default=128)
+    ap.add_argument("--layers", type=arguments.whole(1, 1024), default=6)
+    ap.add_argument("--heads", type=arguments.whole(1, 1024), default=4)
+    ap.add_argument("--intermediate", type=arguments.whole(1, 1_000_000), default=512)
     ap.add_argument("--arch", choices=ARCHITECTURES, default="llama",
                     help="llama: 1D RoPE (default); gpt2: learned absolute positions, initialised to a 2D grid "
                          "(draws shapes better, but its tokens depend too little on their neighbours to stand in "
@@ -264,31 +265,34 @@ def main(argv=None):
     ap.add_argument("--prompt-format", choices=("slots", "words"), default=None,
                     help="slots: the structured caption, one fixed slot per fact (default); words: the caption's "
                          "words (the default with --prompt-slots)")
-    ap.add_argument("--prompt-slots", type=int, default=0,
+    ap.add_argument("--prompt-slots", type=arguments.whole(0, 4096, "0: prompts as long as their caption"), default=0,
                     help=f"the words format with this many fixed word slots, e.g. {PROMPT_SLOTS} (0: prompts as "
                          "long as their caption)")
     ap.add_argument("--no-grid-init", action="store_true",
                     help="gpt2: keep the random position embeddings instead of the 2D sinusoidal grid")
-    ap.add_argument("--default-cfg-scale", type=float, default=2.0,
+    ap.add_argument("--default-cfg-scale", type=arguments.real(0.0, 100.0), default=2.0,
                     help="the CFG scale the weights' generation_config.json names as their sampling default")
-    ap.add_argument("--default-temperature", type=float, default=0.8,
+    ap.add_argument("--default-temperature", type=arguments.real(0.0, 100.0, above=True), default=0.8,
                     help="the temperature the weights' generation_config.json names as their sampling default")
     ap.add_argument("--row-tokens", action=argparse.BooleanOptionalAction, default=True,
                     help="close each image row with its own token (<eol0>..<eol15>; default) instead of the shared "
                          "<eol>")
-    ap.add_argument("--caption-dropout", type=float, default=0.12)
-    ap.add_argument("--object-weight", type=float, default=4.0,
+    ap.add_argument("--caption-dropout", type=arguments.real(0.0, 1.0, below=True,
+                                                             hint="the share of captions dropped, e.g. 0.12"),
+                    default=0.12)
+    ap.add_argument("--object-weight", type=arguments.real(0.0, 1e6), default=4.0,
                     help="extra loss weight on the image tokens where the caption puts an object (0: plain cross entropy)")
-    ap.add_argument("--layout-weight", type=float, default=4.0,
+    ap.add_argument("--layout-weight", type=arguments.real(0.0, 1e6), default=4.0,
                     help="weight of an auxiliary loss: a linear head on the LM's last hidden state predicts which "
                          "object (none / first / second) each next image token shows (data.token_layout); dense "
                          "supervision of the caption's layout, used in training only (the head is not saved; 0: off)")
-    ap.add_argument("--layout-cells", type=int, default=2,
+    ap.add_argument("--layout-cells", type=arguments.whole(1, 16), default=2,
                     help="with --layout-weight: predict the object of each of cells x cells sub-patches of the "
                          "next token (2, the default: the outline at 2 px, which is the shape and carries no "
                          "colour; 1: the whole token)")
-    ap.add_argument("--ckpt-every", type=int, default=200)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps a shared machine usable)")
+    ap.add_argument("--ckpt-every", type=arguments.whole(1, 10_000_000), default=200)
+    ap.add_argument("--threads", type=arguments.threads(allow_default=False), default=1,
+                    help="torch threads (1 keeps a shared machine usable)")
     ap.add_argument("--vq-from", default=None, help="reuse a trained VQ from this dir instead of training one")
     ap.add_argument("--smoke", action="store_true", help="a handful of steps of every stage (CI)")
     ap.add_argument("--no-progress", action="store_true")
@@ -301,6 +305,9 @@ def main(argv=None):
         ap.error("--vq-crop must be 0 (whole images) or a crop size in px")
     if args.layout_cells not in (1, 2, 4):
         ap.error("--layout-cells must divide a token's 4 px: 1, 2 or 4")
+    if args.hidden % args.heads:
+        ap.error(f"--hidden {args.hidden} must be a multiple of --heads {args.heads} (each head gets hidden / heads "
+                 "channels); e.g. --hidden 128 --heads 4")
     if args.lm_stop_at is not None and not 1 <= args.lm_stop_at <= args.lm_steps:
         ap.error("--lm-stop-at must be a step of the schedule: between 1 and --lm-steps")
 

@@ -10,6 +10,7 @@ one of the ways a budget drafter could and must fail the same test.
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -31,6 +32,7 @@ from exactness_tools import (
     exact_joint,
     markov_pair_laws,
     pair_laws_pvalue,
+    planted_fault,
     seed_exact_lm,
     tiny_causal_lm,
 )
@@ -312,6 +314,17 @@ def test_budget_trees_behind_side_candidates_match_a_second_order_chain():
     assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
 
 
+def test_planted_branch_behind_a_side_candidate_in_the_main_context_is_caught():
+    # 1000 samples: p = 2e-55 and 2e-41 at seeds 10**6+ and 2 x 10**6+ (the correct tree: 0.75-1.0)
+    model = SecondOrderModel(SecondOrderChain(4, 8, (2.0, 1.0, 0.0, -1.0), seed=0, parent=0.5, grand=1.0))
+    config = RejectionConfig(window=7, node_budget=32)
+    with planted_fault("branch_behind_side_main_context") as calls:
+        tokens = draw_sequences(model, torch.tensor([0]), 8, config, 1000, seed0=10**6)
+    p_value, worst = all_pairs_pvalue(tokens, model.chain.joint(config))
+    assert calls.count > 0
+    assert p_value < P_VALUE_PLANTED_MAX, f"a branch verified in the main context went unnoticed: p = {p_value:.2e}"
+
+
 # --- seed-exactness (gumbel): AR, SJD and the budget drafter give the same tokens ------------------
 
 SEED_PROMPT = torch.tensor([5, 9, 13, 21, 3])
@@ -371,3 +384,39 @@ def test_gpu_script_times_the_budgets_tiny_on_cpu(tmp_path):
 def test_chain_floor():
     assert bd.chain_floor(3.0, 256) == int(bd.CHAIN_PASSES * 3.0)
     assert bd.chain_floor(3.0, 16) == 12  # at most three quarters of the budget
+
+
+def test_drafting_bands_and_class_table_on_hand_made_counts():
+    from sjd_pac_core.bench import drafting
+
+    assert [drafting.depth_band(d) for d in (0, 1, 2, 3, 4, 7, 8, 15, 16, 300)] == [
+        "0", "1", "2-3", "2-3", "4-7", "4-7", "8-15", "8-15", "16+", "16+"]
+    tally = drafting.Tally()
+    table = bd.AcceptanceTable(slots=4)
+    for _ in range(6):
+        table.add(1, 4, 0)  # distance 1: the draft wins 6 times,
+    for _ in range(2):
+        table.add(1, 4, 1)  # the second candidate twice,
+    for _ in range(2):
+        table.add(1, 2, -1)  # and twice both of two candidates lose (censored past slot 1)
+    table.add(bd.NEW, 1, 0)
+    tally.add_table(table)
+    text = drafting.class_table({"node budget 8 | gumbel": tally})
+    row = text.splitlines()[-1]
+    # slot 0: 6 of 10; slot 1: 2 of the 4 that reached it -> 1 - 0.4 * 0.5 = 80% within 4 (slots 2-3 unseen)
+    assert row.split(" | ")[2] == "60% / 80% / 80% (10)", row
+    assert "100% / 100% / 100% (1)" in row  # the new position
+
+
+def test_drafting_benchmark_writes_its_counts(tmp_path, capsys):
+    from sjd_pac_core.bench import drafting
+
+    out = tmp_path / "drafting.json"
+    drafting.main(["--prompts", "1", "--seeds", "0", "--budgets", "16", "--rules", "gumbel", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "node budget 16 | gumbel" in printed and "stop at 0: main / side" in printed and "distance 1" in printed
+    cells = json.loads(out.read_text())["cells"]
+    budget, today = cells["node budget 16 | gumbel"], cells["today's tree, L=9 | gumbel"]
+    assert budget["most_nodes"] <= 16 and today["most_nodes"] <= 16
+    assert budget["passes"] > 0 and sum(budget["ends"].values()) == budget["passes"] - budget["runs"]
+    assert budget["at_risk"] is not None and today["at_risk"] is None

@@ -18,6 +18,10 @@ acceptance-length histogram, and where each pass's first rejection fell:
              the pass; the chain hangs off the main branch only);
 * none:      the whole window was accepted.
 
+A second table says where passes stopped: the window position after the accepted drafts (0:
+right behind the changed token), on the main chain or on a path that took a side candidate.
+`--out` also writes every count to a JSON file.
+
 `--budgets` adds, for each budget B, today's tree (first level 8, then K = 4) with the window
 that fills B (`within_budget`) and the budget drafter (`SamplerConfig(node_budget=B)`).
 Everything comes from the per-pass records of `generate_image`; no timing is reported.
@@ -26,12 +30,19 @@ Everything comes from the per-pass records of `generate_image`; no timing is rep
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
 
 from .. import arguments
 from ..config import MAX_NODE_BUDGET, SamplerConfig, TreeLevels
+from ..engine import drafters
+from ..engine.budget import LEAF_START, MAX_DISTANCE, NEW, AcceptanceTable
 from ..engine.stats import RunStats
 from ..generate import generate_image
 from .runner import load_prompts
@@ -86,6 +97,17 @@ class Tally:
     lost_at: Counter = field(default_factory=Counter)  # place -> tokens committed by those passes
     lengths: Counter = field(default_factory=Counter)  # tokens committed per pass -> passes
     side_branch: int = 0  # passes whose accepted path left the main branch of the tree
+    # (depth band of the position where the pass stopped, "main" / "side" path) -> passes
+    ends: Counter = field(default_factory=Counter)
+    # the budget drafter's own counts (AcceptanceTable.seen_*), summed over its runs: [class, slot]
+    at_risk: Optional[np.ndarray] = None
+    wins: Optional[np.ndarray] = None
+
+    def add_table(self, table: AcceptanceTable) -> None:
+        if self.at_risk is None:
+            self.at_risk, self.wins = np.zeros_like(table.seen_at_risk), np.zeros_like(table.seen_wins)
+        self.at_risk += table.seen_at_risk
+        self.wins += table.seen_wins
 
     @property
     def step_compression(self) -> float:
@@ -108,8 +130,20 @@ class Tally:
             self.lost_at[where] += rec.committed
             self.lengths[rec.committed] += 1
             self.side_branch += any(rec.branch)
+            self.ends[(depth_band(rec.committed - 1), "side" if any(rec.branch) else "main")] += 1
             self.nodes += rec.window + rec.tree_nodes
             self.most_nodes = max(self.most_nodes, rec.window + rec.tree_nodes)
+
+
+DEPTH_BANDS = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, None))
+
+
+def depth_band(depth: int) -> str:
+    """The band of a window position ("0", "2-3", "16+") where a pass stopped: its accepted drafts."""
+    for low, high in DEPTH_BANDS:
+        if high is None or depth <= high:
+            return f"{low}+" if high is None else (str(low) if low == high else f"{low}-{high}")
+    raise AssertionError(depth)
 
 
 def classify(first_reject: int, tree_levels: int, continued: int, side_branch: bool = False) -> str:
@@ -128,15 +162,36 @@ def tree_levels(config: SamplerConfig) -> int:
     return len(config.tree.widths) if config.use_pd else 0
 
 
+@contextlib.contextmanager
+def drafters_made() -> Iterator[List[drafters.Drafter]]:
+    """The drafters the sampler makes meanwhile (through its strategy seam, `make_drafter`)."""
+    made: List[drafters.Drafter] = []
+    original = drafters.make_drafter
+
+    def make(config: SamplerConfig) -> drafters.Drafter:
+        made.append(original(config))
+        return made[-1]
+
+    drafters.make_drafter = make
+    try:
+        yield made
+    finally:
+        drafters.make_drafter = original
+
+
 def measure(model, prompts: Sequence[str], seeds: Sequence[int], configs: Dict[str, SamplerConfig]) -> Dict[str, Tally]:
     """Run every configuration on every (prompt, seed); pooled tallies by name."""
     tallies = {name: Tally() for name in configs}
     for prompt in prompts:
         for seed in seeds:
             for name, config in configs.items():
-                stats = generate_image(model, prompt, config=config, seed=seed).stats
+                with drafters_made() as made:
+                    stats = generate_image(model, prompt, config=config, seed=seed).stats
                 for run in stats if isinstance(stats, list) else [stats]:
                     tallies[name].add(run, tree_levels(config))
+                for drafter in made:
+                    if isinstance(drafter, drafters.BudgetDrafter):
+                        tallies[name].add_table(drafter.table)
     return tallies
 
 
@@ -174,6 +229,62 @@ def table(tallies: Dict[str, Tally], max_length: int = 12) -> str:
     return "\n".join(lines)
 
 
+def ends_table(tallies: Dict[str, Tally]) -> str:
+    """Where passes stopped: the window position after the accepted drafts (0: right behind the
+    changed token), split by whether the accepted path took a side candidate."""
+    bands = [depth_band(low) for low, _ in DEPTH_BANDS]
+    lines = ["| variant | rule | " + " | ".join(f"stop at {b}: main / side" for b in bands) + " |",
+             "|" + "---|" * (2 + len(bands))]
+    for name, t in tallies.items():
+        variant, rule = name.split(" | ")
+        n = max(1, sum(t.ends.values()))
+        cells = [f"{100 * t.ends[(b, 'main')] / n:.0f}% / {100 * t.ends[(b, 'side')] / n:.0f}%" for b in bands]
+        lines.append(f"| {variant} | {rule} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+CLASS_BANDS = (("1", (1,)), ("2", (2,)), ("3", (3,)), ("4-7", (4, 5, 6, 7)), ("8+", tuple(range(8, MAX_DISTANCE + 1))),
+               ("after a side-leaf end", (LEAF_START,)), ("new to the window", (NEW,)))
+SLOT_SHARES = (1, 4, 16)
+
+
+def class_table(tallies: Dict[str, Tally]) -> str:
+    """The budget drafter's measured acceptance by position class (distance from the last changed
+    token; the first position after a side-leaf end; positions new to the window): the share of
+    positions where the draft (slot 0) won, and where one of the first 4 / 16 candidates did,
+    from the survival counts (a position whose candidates all lost tells only that more were
+    needed), and how many positions were counted."""
+    head = "| variant | rule | " + " | ".join(f"distance {b}" if b[0].isdigit() else b for b, _ in CLASS_BANDS) + " |"
+    lines = [head, "|" + "---|" * (2 + len(CLASS_BANDS)),
+             "| | | " + " | ".join("draft / 4 / 16 candidates (positions)" for _ in CLASS_BANDS) + " |"]
+    for name, t in tallies.items():
+        if t.at_risk is None:
+            continue
+        variant, rule = name.split(" | ")
+        cells = []
+        for _, classes in CLASS_BANDS:
+            at_risk, wins = t.at_risk[list(classes)].sum(0), t.wins[list(classes)].sum(0)
+            hazard = np.divide(wins, at_risk, out=np.zeros_like(wins), where=at_risk > 0)
+            reached = np.cumprod(np.concatenate([[1.0], 1.0 - hazard]))  # P(slots < s all lost)
+            won = [1.0 - reached[min(k, len(hazard))] for k in SLOT_SHARES]
+            cells.append(" / ".join(f"{100 * w:.0f}%" for w in won) + f" ({at_risk[0]:.0f})")
+        lines.append(f"| {variant} | {rule} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def as_json(tallies: Dict[str, Tally]) -> dict:
+    """The tallies as plain JSON (Counter keys as text)."""
+    out = {}
+    for name, t in tallies.items():
+        out[name] = dict(step_compression=t.step_compression, tokens=t.tokens, passes=t.passes, runs=t.runs,
+                         mean_nodes=t.mean_nodes, most_nodes=t.most_nodes, where=dict(t.where),
+                         lost_at=dict(t.lost_at), lengths={str(k): v for k, v in sorted(t.lengths.items())},
+                         side_branch=t.side_branch, ends={f"{b} {path}": v for (b, path), v in t.ends.items()},
+                         at_risk=None if t.at_risk is None else t.at_risk.tolist(),
+                         wins=None if t.wins is None else t.wins.tolist())
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="demo")
@@ -189,6 +300,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--budgets", type=arguments.whole(1, MAX_NODE_BUDGET), nargs="*", default=[],
                         help="nodes per pass: today's tree within each budget and the budget drafter")
     parser.add_argument("--rules", nargs="+", default=["rejection", "gumbel"], choices=["rejection", "gumbel"])
+    parser.add_argument("--out", default=None, help="also write the counts to this JSON file")
     args = parser.parse_args(argv)
     from .. import load_model
 
@@ -202,7 +314,21 @@ def main(argv: Optional[List[str]] = None) -> None:
     prompts = load_prompts(prompt_set, args.prompts)
     print(f"{args.model}, L={args.window}, {len(prompts)} prompts of {prompt_set} x seeds {args.seeds}, "
           "model defaults otherwise")
-    print(table(measure(model, prompts, args.seeds, configs)))
+    tallies = measure(model, prompts, args.seeds, configs)
+    print(table(tallies))
+    print()
+    print(ends_table(tallies))
+    if any(t.at_risk is not None for t in tallies.values()):
+        print()
+        print(class_table(tallies))
+    if args.out:
+        from ..files import write_atomic
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(args.out), json.dumps(dict(model=args.model, window=args.window, prompt_set=prompt_set,
+                                                     prompts=len(prompts), seeds=args.seeds,
+                                                     cells=as_json(tallies)), indent=1).encode())
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -103,6 +103,9 @@ class AcceptanceTable:
         self.decay = decay
         self.at_risk = np.zeros((CLASSES, slots))
         self.wins = np.zeros((CLASSES, slots))
+        # the same counts over the whole run, never decayed (what a benchmark reports)
+        self.seen_at_risk = np.zeros((CLASSES, slots))
+        self.seen_wins = np.zeros((CLASSES, slots))
 
     def age(self) -> None:
         self.at_risk *= self.decay
@@ -113,8 +116,10 @@ class AcceptanceTable:
         width = min(width, self.slots)
         tried = width if slot < 0 else min(slot + 1, width)
         self.at_risk[cls, :tried] += 1.0
+        self.seen_at_risk[cls, :tried] += 1.0
         if 0 <= slot < width:
             self.wins[cls, slot] += 1.0
+            self.seen_wins[cls, slot] += 1.0
 
     def hazards(self) -> np.ndarray:
         """[CLASSES, slots]: P(slot s wins | slots < s lost), shrunk towards the pooled slot."""

@@ -30,6 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 import sjd_pac_core as sp  # noqa: E402
+from sjd_pac_core import arguments  # noqa: E402
+from sjd_pac_core.config import MAX_NODE_BUDGET  # noqa: E402
 from sjd_pac_core.demo.tools.quality import load_prompts  # noqa: E402
 from sjd_pac_core.engine import drafters  # noqa: E402
 from sjd_pac_core.engine.draft import DraftWindow  # noqa: E402
@@ -92,9 +94,10 @@ VARIANTS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=int, default=12, help="first N of the 24 held-out quality prompts")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--budget", type=int, default=128)
+    parser.add_argument("--prompts", type=arguments.whole(1, 24), default=12,
+                        help="first N of the 24 held-out quality prompts")
+    parser.add_argument("--seeds", type=arguments.seed, nargs="+", default=[0, 1])
+    parser.add_argument("--budget", type=arguments.whole(1, MAX_NODE_BUDGET), default=128)
     parser.add_argument("--rule", default="gumbel", choices=["gumbel", "rejection"])
     args = parser.parse_args()
     torch.set_num_threads(1)

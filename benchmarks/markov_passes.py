@@ -56,7 +56,7 @@ def run(vocab: int, chains: int, sequences: int, fields: dict, rule: str):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="400 sequences per chain")
-    parser.add_argument("--rules", nargs="+", default=["rejection", "gumbel"])
+    parser.add_argument("--rules", nargs="+", default=["rejection", "gumbel"], choices=["rejection", "gumbel"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     print("| sampler | rule | passes, V = 6 | p (pairs), V = 6 | passes, V = 16 | p (pairs), V = 16 |")

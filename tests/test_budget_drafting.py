@@ -416,7 +416,7 @@ def test_drafting_benchmark_writes_its_counts(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "node budget 16 | gumbel" in printed and "stop at 0: main / side" in printed and "distance 1" in printed
     cells = json.loads(out.read_text())["cells"]
-    budget, today = cells["node budget 16 | gumbel"], cells["today's tree, L=9 | gumbel"]
-    assert budget["most_nodes"] <= 16 and today["most_nodes"] <= 16
+    budget, fixed = cells["node budget 16 | gumbel"], cells["default tree, L=9 | gumbel"]
+    assert budget["most_nodes"] <= 16 and fixed["most_nodes"] <= 16
     assert budget["passes"] > 0 and sum(budget["ends"].values()) == budget["passes"] - budget["runs"]
-    assert budget["at_risk"] is not None and today["at_risk"] is None
+    assert budget["at_risk"] is not None and fixed["at_risk"] is None

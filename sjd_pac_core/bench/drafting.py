@@ -22,7 +22,7 @@ A second table says where passes stopped: the window position after the accepted
 right behind the changed token), on the main chain or on a path that took a side candidate.
 `--out` also writes every count to a JSON file.
 
-`--budgets` adds, for each budget B, today's tree (first level 8, then K = 4) with the window
+`--budgets` adds, for each budget B, the default tree (first level 8, then K = 4) with the window
 that fills B (`within_budget`) and the budget drafter (`SamplerConfig(node_budget=B)`).
 Everything comes from the per-pass records of `generate_image`; no timing is reported.
 """
@@ -73,13 +73,13 @@ VARIANTS: Dict[str, dict] = {
         tree_every_pass=True, tree_first_width=8, tree_chain_width=3, tree_side_chain=16),
 }
 WHERE = ("tree", "continued", "new", "side end", "none")
-TODAY = dict(tree_every_pass=True, tree_depth=3, tree_width=4, tree_first_width=8, tree_chain_width=1, **NO_SIDE)
+DEFAULT_TREE = dict(tree_every_pass=True, tree_depth=3, tree_width=4, tree_first_width=8, tree_chain_width=1, **NO_SIDE)
 
 
 def within_budget(budget: int) -> dict:
-    """Today's every-pass tree (first level 8, then K = 4; one level of 8 below 64 nodes) with the
+    """The default every-pass tree (first level 8, then K = 4; one level of 8 below 64 nodes) with the
     window that fills `budget` nodes: the fixed drafter's best use of the same rows."""
-    tree = dict(TODAY) if budget >= 64 else dict(TODAY, tree_depth=2)
+    tree = dict(DEFAULT_TREE) if budget >= 64 else dict(DEFAULT_TREE, tree_depth=2)
     side = TreeLevels.of(tree["tree_depth"], tree["tree_width"], tree["tree_first_width"]).side_nodes(0)
     return dict(tree, window=budget - side)
 
@@ -201,9 +201,9 @@ def grid(defaults: SamplerConfig, window: int, variants: Sequence[str], rules: S
                for v in variants for r in rules}
     for budget in budgets:
         for rule in rules:
-            today = within_budget(budget)
-            configs[f"today's tree, L={today['window']} | {rule}"] = defaults.with_(
-                method="sjd_pac", verify=rule, node_budget=None, **today)
+            fixed = within_budget(budget)
+            configs[f"default tree, L={fixed['window']} | {rule}"] = defaults.with_(
+                method="sjd_pac", verify=rule, node_budget=None, **fixed)
             configs[f"node budget {budget} | {rule}"] = defaults.with_(
                 method="sjd_pac", verify=rule, window=window, node_budget=budget)
     return configs
@@ -298,7 +298,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--variants", nargs="*", default=None, choices=list(VARIANTS),
                         help="default: all of them, or none with --budgets")
     parser.add_argument("--budgets", type=arguments.whole(1, MAX_NODE_BUDGET), nargs="*", default=[],
-                        help="nodes per pass: today's tree within each budget and the budget drafter")
+                        help="nodes per pass: the default tree within each budget and the budget drafter")
     parser.add_argument("--rules", nargs="+", default=["rejection", "gumbel"], choices=["rejection", "gumbel"])
     parser.add_argument("--out", default=None, help="also write the counts to this JSON file")
     args = parser.parse_args(argv)

@@ -420,3 +420,11 @@ def test_drafting_benchmark_writes_its_counts(tmp_path, capsys):
     assert budget["most_nodes"] <= 16 and fixed["most_nodes"] <= 16
     assert budget["passes"] > 0 and sum(budget["ends"].values()) == budget["passes"] - budget["runs"]
     assert budget["at_risk"] is not None and fixed["at_risk"] is None
+
+
+def test_out_of_memory_message_names_the_node_budget():
+    from sjd_pac_app.runner import out_of_memory_message
+
+    text = out_of_memory_message(sp.SamplerConfig(node_budget=256), torch.device("cpu"))
+    assert "256 draft nodes" in text and "lower the node budget" in text
+    assert "node budget" not in out_of_memory_message(sp.SamplerConfig(window=128), torch.device("cpu"))

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..bounded_cache import MIB, ByteBoundedCache
 from ..config import SamplerConfig
 from ..models.base import TokenModel
 from ..models.causal_lm import as_token_model
@@ -34,10 +34,11 @@ from ..sampling.tree import TreeLayout, tree_layout
 from ..transfer import copy_to_device, to_device
 from . import drafters
 from .drafters import Draft, DraftContext, PassReport
+from .finite import NonFiniteError, first_non_finite, non_finite_error, non_finite_row
 from .inputs import check_sample_inputs
 from .state import DecodeState
 from .stats import PassRecord, RunStats
-from .sync import SyncCounter, synchronize
+from .sync import SyncCounter, fetch, synchronize
 from .timing import ForwardTimer
 from .verdict import PassOutcome, StaleRows, Verdict, continuation, walk
 from .window import (AUTO_START_WINDOW, CANDIDATE_WINDOWS, COMPILED_CANDIDATE_WINDOWS, PROBE_SIZES, AutoTreeWindow,
@@ -168,13 +169,19 @@ class PassShape:
                             q_rows=self.q_rows, single=self.single, multi=self.multi, leaves=self.leaves)
 
 
-@lru_cache(maxsize=256)
+# A run uses a handful of pass shapes (chain and tree passes, the shorter windows at the image's
+# end), but a large one holds an envelope x envelope mask: the cache keeps the most recent up to
+# a number of bytes (and, on a GPU, a small share of its memory), not a number of shapes.
+PASS_SHAPE_CACHE = ByteBoundedCache(max_bytes=64 * MIB, device_fraction=0.01)
+
+
 def pass_shape(layout: TreeLayout, levels: int, width: int, window: int, envelope: int,
                device: torch.device) -> PassShape:
-    """The PassShape of a layout, built once per process (a run uses a handful: chain and tree
-    passes, and the shorter windows at the image's end). Keyed by the layout object, which
-    `tree_layout` caches per shape: a layout made another way gets its own PassShape."""
-    return PassShape.build(layout, levels, width, window, envelope, device)
+    """The PassShape of a layout, built once and kept while PASS_SHAPE_CACHE holds it. Keyed by
+    the layout object, which `tree_layout` caches per shape: a layout made another way gets its
+    own PassShape."""
+    return PASS_SHAPE_CACHE.get((layout, levels, width, window, envelope, device),
+                                lambda: PassShape.build(layout, levels, width, window, envelope, device))
 
 
 @dataclass(frozen=True)
@@ -266,8 +273,9 @@ class _Decoder:
         target = self._window_target(1)
         self.rule.prepare(1)
         draft = self.drafter.first(self.ctx, logits, 1, target)
-        synchronize(self.device)  # the prefill's timing (its one sync)
-        SyncCounter.count += 1
+        # The prefill's one sync (which also times it): whether p of the first token is finite.
+        if fetch(dict(at=first_non_finite(p0, pos0)))["at"][0] >= 0:
+            raise self._non_finite(0, p0, pos0, logits.unsqueeze(1))
         state = DecodeState(session=session, committed=committed, num_committed=1, draft=draft, target=target)
         self._record(state, stats, callback, start, syncs, committed=1, window=0, tree_nodes=0,
                      first_reject=-1, kept_by_ac=0, branch=(), envelope=0)
@@ -279,6 +287,8 @@ class _Decoder:
         logits = self._forward(state, plan)
         verdict = self._verify(state, plan, logits)
         decisions = verdict.decisions()  # the pass's one host sync
+        if decisions.non_finite_at >= 0:
+            raise self._non_finite(decisions.non_finite_at, verdict.p, verdict.positions, logits)
         window, layout = plan.draft.window, plan.shape.layout
         n = state.num_committed
         last_depth = self.num_tokens - n  # a node at this depth holds the image's last token
@@ -383,7 +393,14 @@ class _Decoder:
         chosen = children.tokens.gather(1, accepted.clamp(min=0).unsqueeze(1)).squeeze(1)
         draft_token = adaptive_continuation(chosen, accepted >= 0, next_token)
         return Verdict(accepted_child=accepted, next_token=next_token, draft_token=draft_token, p=probs,
-                       positions=positions)
+                       positions=positions, non_finite_at=first_non_finite(probs, positions))
+
+    def _non_finite(self, position: int, p: torch.Tensor, positions: torch.Tensor,
+                    logits: torch.Tensor) -> NonFiniteError:
+        """The run's end at a row of p that is not finite (logits [B, S, V] of the rows of p)."""
+        row = non_finite_row(p, positions, position)
+        allowed = self.constraints.mask(positions[row : row + 1])[0]
+        return non_finite_error(position, self.num_tokens, logits[:, row], allowed, self.recipe)
 
     def _commit(self, state: DecodeState, plan: PassPlan, verdict: Verdict, outcome: PassOutcome) -> None:
         """Commit the path and the final token; keep only the path's cache entries."""

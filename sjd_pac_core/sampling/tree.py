@@ -23,6 +23,8 @@ from typing import Dict, Iterable, Sequence, Tuple
 
 import torch
 
+from ..bounded_cache import MIB, ByteBoundedCache
+
 Path = Tuple[int, ...]  # slots from the root's child down to the node; () is the root
 
 
@@ -160,9 +162,16 @@ class TreeLayout:
         return path[::-1]
 
 
-@lru_cache(maxsize=512)
+# A layout holds a nodes x nodes mask: kept up to a number of bytes, the most recent first.
+TREE_LAYOUT_CACHE = ByteBoundedCache(max_bytes=64 * MIB, max_entries=512)
+
+
 def tree_layout(shape: TreeShape) -> TreeLayout:
-    """The layout of a shape (cached: a run uses a handful of shapes)."""
+    """The layout of a shape (cached in TREE_LAYOUT_CACHE: a run uses a handful of shapes)."""
+    return TREE_LAYOUT_CACHE.get(shape, lambda: _build_layout(shape))
+
+
+def _build_layout(shape: TreeShape) -> TreeLayout:
     index: Dict[Path, int] = {(): 0}
     for path in shape.paths:
         index[path] = len(index)

@@ -1,0 +1,118 @@
+"""ByteBoundedCache: built-once objects that hold tensors, kept up to a number of bytes.
+
+The sampler builds a few objects per pass shape (a tree layout, a pass's padded masks) and reuses
+them for the rest of the run and later runs. A large shape's masks take megabytes (the attention
+mask of a pass is nodes x nodes), so a count of entries alone would let a long session hold
+gigabytes: this cache counts the bytes of the tensors it holds and drops the least recently used
+entries past its bound. Shared by the sampling loop (engine/) and the tree layouts (sampling/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Dict, Hashable, Iterator, Optional, TypeVar
+
+import torch
+
+V = TypeVar("V")
+
+MIB = 1 << 20
+
+
+def _tensors(value: Any, depth: int = 3) -> Iterator[torch.Tensor]:
+    """The tensors a value holds: itself, its dataclass fields, tuple/list/dict items (a few levels)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth <= 0:
+        return
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            yield from _tensors(getattr(value, field.name), depth - 1)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item, depth - 1)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item, depth - 1)
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of the tensor storages `value` holds, each storage counted once."""
+    storages: Dict[tuple, int] = {}
+    for t in _tensors(value):
+        storage = t.untyped_storage()
+        storages[(t.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
+
+
+def _devices(value: Any) -> set:
+    return {t.device for t in _tensors(value)}
+
+
+class ByteBoundedCache:
+    """A least-recently-used cache bounded by the bytes of the tensors its values hold.
+
+    max_bytes: the bound; device_fraction: on a CUDA device, the bound is also at most this
+    fraction of the device's memory (a small GPU keeps less). An entry bigger than the bound is
+    built and returned but not kept. max_entries bounds the count too (small entries have
+    Python overhead the byte count does not see). Thread-safe; `build` runs outside the lock.
+    """
+
+    def __init__(self, max_bytes: int, max_entries: int = 256, device_fraction: Optional[float] = None) -> None:
+        self.max_bytes = int(max_bytes)
+        self.max_entries = int(max_entries)
+        self.device_fraction = device_fraction
+        self._entries: "OrderedDict[Hashable, tuple]" = OrderedDict()  # key -> (value, bytes)
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensors held now."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def limit(self, devices: set) -> int:
+        """The byte bound for values on `devices` (this cache's, lowered on a CUDA device)."""
+        bound = self.max_bytes
+        if self.device_fraction is not None:
+            for device in devices:
+                if device.type == "cuda":
+                    total = torch.cuda.get_device_properties(device).total_memory
+                    bound = min(bound, int(self.device_fraction * total))
+        return bound
+
+    def get(self, key: Hashable, build: Callable[[], V]) -> V:
+        """The value for `key`, built by `build()` on a miss."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                return entry[0]
+        value = build()
+        size = tensor_bytes(value)
+        bound = self.limit(_devices(value))
+        if size > bound:
+            return value  # too big to keep: built again next time
+        with self._lock:
+            if key in self._entries:  # another thread built it meanwhile: keep one
+                self._entries.move_to_end(key)
+                return self._entries[key][0]
+            self._entries[key] = (value, size)
+            self._bytes += size
+            while self._entries and (self._bytes > bound or len(self._entries) > self.max_entries):
+                _, (_, dropped) = self._entries.popitem(last=False)  # the least recently used
+                self._bytes -= dropped
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0

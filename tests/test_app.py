@@ -486,11 +486,11 @@ def test_the_seed_message_says_what_the_seed_reproduces(app, app_model):
     distribution, and the page says so instead of promising this picture."""
     spec, model = app_model
     rejection = list(app.generate(*args_for(spec, model, method="sjd", verify="rejection", window="auto")))[-1]
-    assert "reproduces the distribution of pictures, not this picture" in rejection[5]
-    assert "to get this picture again" not in rejection[5]
+    assert "reproduces the distribution of pictures, not this picture" in rejection[6]
+    assert "to get this picture again" not in rejection[6]
     assert rejection[-1]["settings"]["seed_reproduces"] == "distribution"
     gumbel = list(app.generate(*args_for(spec, model, method="sjd", verify="gumbel", window="auto")))[-1]
-    assert "enter it as the seed to get this picture again" in gumbel[5]
+    assert "enter it as the seed to get this picture again" in gumbel[6]
     assert gumbel[-1]["settings"]["seed_reproduces"] == "picture"
 
 

@@ -1,15 +1,18 @@
-"""ByteBoundedCache: built-once objects that hold tensors, kept up to a number of bytes.
+"""ByteBoundedCache: built-once objects kept up to a number of bytes, the least recently used out.
 
-The sampler builds a few objects per pass shape (a tree layout, a pass's padded masks) and reuses
-them for the rest of the run and later runs. A large shape's masks take megabytes (the attention
-mask of a pass is nodes x nodes), so a count of entries alone would let a long session hold
-gigabytes: this cache counts the bytes of the tensors it holds and drops the least recently used
-entries past its bound. Shared by the sampling loop (engine/) and the tree layouts (sampling/).
+The sampler builds a few objects per pass shape (a tree shape, its layout, a pass's padded masks)
+and reuses them for the rest of the run and later runs. A large shape takes megabytes (the
+attention mask of a pass is nodes x nodes, a shape's node paths grow with nodes x depth) and a
+run near the image's end meets a new shape every pass, so a count of entries alone let a session
+hold hundreds of megabytes after its runs were over: these caches weigh what they hold (the
+bytes of its tensors by default) and drop the least recently used entries past their bound.
+Shared by the sampling loop (engine/) and the tree shapes and layouts (sampling/).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Hashable, Iterator, Optional, TypeVar
@@ -57,13 +60,16 @@ class ByteBoundedCache:
     max_bytes: the bound; device_fraction: on a CUDA device, the bound is also at most this
     fraction of the device's memory (a small GPU keeps less). An entry bigger than the bound is
     built and returned but not kept. max_entries bounds the count too (small entries have
-    Python overhead the byte count does not see). Thread-safe; `build` runs outside the lock.
+    Python overhead the byte count does not see). weigh: a value's bytes (default: its tensors').
+    Thread-safe; `build` runs outside the lock.
     """
 
-    def __init__(self, max_bytes: int, max_entries: int = 256, device_fraction: Optional[float] = None) -> None:
+    def __init__(self, max_bytes: int, max_entries: int = 256, device_fraction: Optional[float] = None,
+                 weigh: Callable[[Any], int] = tensor_bytes) -> None:
         self.max_bytes = int(max_bytes)
         self.max_entries = int(max_entries)
         self.device_fraction = device_fraction
+        self.weigh = weigh
         self._entries: "OrderedDict[Hashable, tuple]" = OrderedDict()  # key -> (value, bytes)
         self._bytes = 0
         self._lock = threading.Lock()
@@ -97,7 +103,7 @@ class ByteBoundedCache:
                 self._entries.move_to_end(key)
                 return entry[0]
         value = build()
-        size = tensor_bytes(value)
+        size = self.weigh(value)
         bound = self.limit(_devices(value))
         if size > bound:
             return value  # too big to keep: built again next time
@@ -116,3 +122,20 @@ class ByteBoundedCache:
         with self._lock:
             self._entries.clear()
             self._bytes = 0
+
+
+def bounded_by_bytes(max_bytes: int, max_entries: int = 256, device_fraction: Optional[float] = None,
+                     weigh: Callable[[Any], int] = tensor_bytes) -> Callable[[Callable[..., V]], Callable[..., V]]:
+    """Like functools.lru_cache, bounded by bytes: a ByteBoundedCache keyed by the call's
+    (hashable) arguments, reachable as the function's `cache` attribute."""
+    def decorate(function: Callable[..., V]) -> Callable[..., V]:
+        cache = ByteBoundedCache(max_bytes, max_entries, device_fraction, weigh)
+
+        @functools.wraps(function)
+        def cached(*args: Any, **kwargs: Any) -> V:
+            key = (args, tuple(sorted(kwargs.items()))) if kwargs else args
+            return cache.get(key, lambda: function(*args, **kwargs))
+
+        cached.cache = cache  # type: ignore[attr-defined]
+        return cached
+    return decorate

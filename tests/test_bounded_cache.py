@@ -61,7 +61,7 @@ def test_the_entry_count_is_bounded_too():
 def test_large_pass_shapes_stay_under_the_bound_and_leave_memory():
     """Twelve padded pass shapes of ~9 MB each (108 MB if all were kept, as the 256-entry cache
     did): the cache holds at most its bound, and an evicted shape's tensors are freed."""
-    cache = loop.PASS_SHAPE_CACHE
+    cache = loop.pass_shape.cache
     cache.clear()
     layout = tree.tree_layout(tree.chain_shape(4))
     device = torch.device("cpu")
@@ -85,12 +85,35 @@ def test_large_pass_shapes_stay_under_the_bound_and_leave_memory():
     cache.clear()
 
 
-def test_tree_layouts_are_bounded_by_bytes():
-    cache = tree.TREE_LAYOUT_CACHE
-    assert cache.max_bytes == 64 * MIB
-    shape = tree.chain_shape(6)
-    assert tree.tree_layout(shape) is tree.tree_layout(shape)  # cached per shape
-    assert cache.nbytes >= tensor_bytes(tree.tree_layout(shape))
+def test_tree_shapes_and_layouts_are_weighed_with_their_node_paths():
+    """A shape's node paths grow as nodes x depth (a chain of 1024 holds ~4 MB of tuples), so
+    the shape and layout caches weigh them too, not only the layout's tensors."""
+    shape = tree.chain_shape(1024)
+    assert tree.chain_shape(1024) is shape  # cached per length
+    assert tree.shape_bytes(shape) > 4 * MIB
+    layout = tree.tree_layout(shape)
+    assert tree.tree_layout(shape) is layout
+    assert tree.layout_bytes(layout) == tensor_bytes(layout) + tree.shape_bytes(shape)
+    for cache in (tree.chain_shape.cache, tree.level_tree_shape.cache, tree.tree_layout.cache):
+        assert cache.nbytes <= cache.max_bytes <= 64 * MIB
+
+
+def test_many_long_chains_leave_the_shape_cache():
+    """The lengths a run with a long window meets at the image's end, one new shape each."""
+    cache = tree.chain_shape.cache
+    cache.clear()
+    first = tree.chain_shape(1100)
+    freed = weakref.ref(first)
+    held = []
+    for length in range(1000, 1040):
+        tree.chain_shape(length)
+        held.append(cache.nbytes)
+    assert max(held) <= cache.max_bytes == 32 * MIB  # ~170 MB if all were kept
+    assert len(cache) < 40
+    del first
+    gc.collect()
+    assert freed() is None
+    cache.clear()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

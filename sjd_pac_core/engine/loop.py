@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ..bounded_cache import MIB, ByteBoundedCache
+from ..bounded_cache import MIB, bounded_by_bytes, tensor_bytes
 from ..config import SamplerConfig
 from ..models.base import TokenModel
 from ..models.causal_lm import as_token_model
@@ -30,7 +30,7 @@ from ..sampling.constraint_table import ConstraintTable
 from ..sampling.drafting import adaptive_continuation
 from ..sampling.recipe import SamplingRecipe, TokenConstraints, process
 from ..sampling.rules import NodeChildren
-from ..sampling.tree import TreeLayout, tree_layout
+from ..sampling.tree import TreeLayout, layout_bytes, tree_layout
 from ..transfer import copy_to_device, to_device
 from . import drafters
 from .drafters import Draft, DraftContext, PassReport
@@ -169,19 +169,16 @@ class PassShape:
                             q_rows=self.q_rows, single=self.single, multi=self.multi, leaves=self.leaves)
 
 
-# A run uses a handful of pass shapes (chain and tree passes, the shorter windows at the image's
-# end), but a large one holds an envelope x envelope mask: the cache keeps the most recent up to
-# a number of bytes (and, on a GPU, a small share of its memory), not a number of shapes.
-PASS_SHAPE_CACHE = ByteBoundedCache(max_bytes=64 * MIB, device_fraction=0.01)
-
-
+# A large pass shape holds an envelope x envelope mask (and its layout), and a run near the
+# image's end meets a new one every pass: kept up to a number of bytes (on a GPU also a small
+# share of its memory), the least recently used out.
+@bounded_by_bytes(64 * MIB, device_fraction=0.01, weigh=lambda shape: tensor_bytes(shape) + layout_bytes(shape.layout))
 def pass_shape(layout: TreeLayout, levels: int, width: int, window: int, envelope: int,
                device: torch.device) -> PassShape:
-    """The PassShape of a layout, built once and kept while PASS_SHAPE_CACHE holds it. Keyed by
-    the layout object, which `tree_layout` caches per shape: a layout made another way gets its
-    own PassShape."""
-    return PASS_SHAPE_CACHE.get((layout, levels, width, window, envelope, device),
-                                lambda: PassShape.build(layout, levels, width, window, envelope, device))
+    """The PassShape of a layout, built once per process (a run uses a handful: chain and tree
+    passes, and the shorter windows at the image's end). Keyed by the layout object, which
+    `tree_layout` caches per shape: a layout made another way gets its own PassShape."""
+    return PassShape.build(layout, levels, width, window, envelope, device)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ rejection point). A pass is a fixed sequence of typed stages:
     plan     the draft (window + tree) laid out as one fixed-shape batch of nodes (PassPlan)
     forward  one model pass over the nodes on top of the KV cache
     verify   every decision of the pass on the device (Verdict)
-    sync     the decisions to the host: the pass's one host sync (Decisions)
+    sync     the decisions to the host: the pass's one host sync (Decisions), which also says
+             whether any p is NaN or infinite (then the run stops: finite.py)
     walk     a pure function of those host values: the accepted path (PassOutcome)
     commit   the path's tokens and the final token; the cache keeps the path's entries
     draft    the Drafter strategy makes the next pass's draft (drafters.py)

@@ -32,7 +32,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     help="weight-only quantization of the model's transformer layers (auto: the most precise "
                          "that fits the device)")
     ap.add_argument("--check-finite", action="store_true",
-                    help="look for NaN or infinite values in every weight after loading (done anyway for models of up to 2e9 parameters; larger ones take a while)")
+                    help="look for NaN or infinite values in every weight after loading (done anyway for models "
+                    "of up to 2e9 parameters; larger ones take a while)")
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between live updates (default 0.1)")
     return ap.parse_args(argv)
 

@@ -267,7 +267,8 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
                      help="weight-only quantization of the decoder layers (auto: the most precise that fits; "
                           'needs pip install "sjd-pac[quant]")')
     gen.add_argument("--check-finite", action="store_true",
-                     help="look for NaN or infinite values in every weight after loading (done anyway for models of up to 2e9 parameters; larger ones take a while)")
+                     help="look for NaN or infinite values in every weight after loading (done anyway for models "
+                     "of up to 2e9 parameters; larger ones take a while)")
     gen.add_argument("--threads", type=arguments.threads(), default=0,
                      help="torch CPU threads (0 = chosen for the model's size: 1 for small models such as "
                           "the demo, torch's default for large ones)")

@@ -44,10 +44,11 @@ class ModelHandle:
     resolutions: Tuple[str, ...] = ()
     quantize: str = "none"  # none / int8 / 4bit / auto (weight-only)
     memory: str = ""  # the loaded model's memory plan, one line
+    check_finite: bool = False  # every weight checked for NaN/inf after loading, whatever the size
 
     @property
     def key(self) -> Tuple[str, ...]:
-        return (self.path, self.dtype, self.device, self.quantize)
+        return (self.path, self.dtype, self.device, self.quantize, str(self.check_finite))
 
     def get(self) -> ARImageModel:
         return get_model(self)
@@ -73,7 +74,8 @@ def get_model(handle: ModelHandle) -> ARImageModel:
             return model
         comfy_bridge.install_free_memory_hook(release_device)
         comfy_bridge.free_memory_for(_weights_bytes(handle.path), handle.device)
-        model = sp.load_model(handle.path, dtype=handle.dtype, device=handle.device, quantize=handle.quantize)
+        model = sp.load_model(handle.path, dtype=handle.dtype, device=handle.device, quantize=handle.quantize,
+                              check_finite=True if handle.check_finite else None)
         if model.memory_plan is not None:
             log.info("sjd-pac: %s", model.memory_plan.one_line(model.quantize))
         _models[handle.key] = model

@@ -97,7 +97,8 @@ KNOBS: Dict[str, Tuple[Any, dict]] = {
         "default": "gumbel",
         "tooltip": "gumbel (default): seed-exact, so ar, sjd and sjd_pac give the very same image for the same "
                    "seed, and it was as fast or faster for every method measured. rejection: the paper's "
-                   "speculative rejection sampling. Both are exact in distribution.",
+                   "speculative rejection sampling (with window 0 = auto its picture also depends on the measured "
+                   "speed, so a seed reproduces only the distribution). Both are exact in distribution.",
     }),
     "batch_size": ("INT", {
         "default": 1, "min": 1, "max": 16, "step": 1,
@@ -120,7 +121,8 @@ PROMPT_INPUT = ("STRING", {
 })
 SEED_INPUT = ("INT", {
     "default": 0, "min": 0, "max": SEED_MAX, "control_after_generate": True,
-    "tooltip": "Random seed. With verification 'gumbel' the same seed gives the same image with every method.",
+    "tooltip": "Random seed. With verification 'gumbel' the same seed gives the same image with every method "
+               "and window; with 'rejection' and window 0 (auto), only the same distribution of images.",
 })
 
 

@@ -17,7 +17,7 @@ import gradio as gr
 
 import sjd_pac_core as sp
 from sjd_pac_core.files import FileSaveError
-from sjd_pac_core.settings import pointless_setting_warnings
+from sjd_pac_core.settings import pointless_setting_warnings, seed_note
 
 from . import layout, plots
 from .runner import (
@@ -294,8 +294,9 @@ class SjdPacApp:
             summary["error"] = errors[0]
             gr.Warning(errors[0])
         elif update.kind == "finished":
+            note = seed_note(settings.config)
             notes.insert(0, f"Seed {record['seed']}{' (random)' if record['random_seed'] else ''}: "
-                            "enter it as the seed to get this picture again.")
+                            f"{note or 'enter it as the seed to get this picture again'}.")
             try:
                 kept = save_image(update.result.images[0], record, self.output_dir)
             except FileSaveError as exc:  # the picture stays on the page; only the download is missing

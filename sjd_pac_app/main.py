@@ -31,6 +31,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--quantize", default="none", choices=["none", "int8", "4bit", "auto"],
                     help="weight-only quantization of the model's transformer layers (auto: the most precise "
                          "that fits the device)")
+    ap.add_argument("--check-finite", action="store_true",
+                    help="look for NaN or infinite values in every weight after loading (done anyway for models "
+                    "of up to 2e9 parameters; larger ones take a while)")
     ap.add_argument("--interval", type=float, default=0.1, help="seconds between live updates (default 0.1)")
     return ap.parse_args(argv)
 
@@ -57,7 +60,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
 
     app = SjdPacApp(ModelManager(models_dir, device=args.device, dtype=args.dtype,
-                                      quantize=args.quantize), args.model,
+                                      quantize=args.quantize, check_finite=args.check_finite), args.model,
                     interval=args.interval)
     say(f"loading the model {args.model!r} (device {args.device}) …")
     app.preload()

@@ -57,10 +57,12 @@ class ModelManager:
         loader: Callable[..., sp.ARImageModel] = sp.load_model,
         precheck: bool = True,
         quantize: str = "none",
+        check_finite: bool = False,
     ) -> None:
         self.models_dir = Path(models_dir).expanduser() if models_dir else None
         self.device, self.dtype = device, dtype
         self.quantize = quantize  # none / int8 / 4bit / auto, passed to load_model when not "none"
+        self.check_finite = check_finite  # check every weight for NaN/inf, whatever the model's size
         self._loader = loader
         self.precheck = precheck  # run load_model's cheap folder checks before unloading
         self._lock = threading.Lock()
@@ -92,6 +94,8 @@ class ModelManager:
                 detect_family(folder, read_config(folder))
             self._release()
             extra = {} if self.quantize == "none" else {"quantize": self.quantize}
+            if self.check_finite:
+                extra["check_finite"] = True
             model = self._loader(key, dtype=self.dtype, device=self.device, **extra)
             self.model, self.spec = model, key
             if key != DEMO and key not in self._extra:
@@ -226,7 +230,7 @@ def check_repeats(value: object) -> int:
 def friendly_error(exc: BaseException, config: Optional[SamplerConfig] = None,
                    device: Optional[torch.device] = None) -> str:
     """One readable sentence for the page; the library's own errors already name the fix."""
-    if isinstance(exc, (ConfigError, sp.ModelLoadError)):
+    if isinstance(exc, (ConfigError, sp.ModelLoadError, sp.NonFiniteError)):
         return str(exc)
     if isinstance(exc, torch.cuda.OutOfMemoryError) or isinstance(exc, MemoryError) or (
         isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()

@@ -43,7 +43,7 @@ def hints(d: sp.FamilyDefaults) -> Dict[str, str]:
                   "tree, for fewer forward passes; which is faster on the clock depends on the device "
                   "(Compare measures it).",
         "verify": "gumbel: the same seed gives the very same picture with every method; rejection: "
-                  "an equally exact sample, different per method",
+                  "an equally exact sample, different per method (with L = auto, different per run too)",
     }
 
 

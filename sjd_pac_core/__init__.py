@@ -16,7 +16,7 @@ from typing import Any, List
 _EXPORTS = {
     "ConfigError": ".config", "SamplerConfig": ".config",
     "GenerationCancelled": ".engine.loop", "Progress": ".engine.loop", "SampleResult": ".engine.loop",
-    "sample_tokens": ".engine.loop",
+    "sample_tokens": ".engine.loop", "NonFiniteError": ".engine.finite",
     "PassRecord": ".engine.stats", "RunStats": ".engine.stats",
     "ImageResult": ".generate", "generate_image": ".generate",
     "DecoderSession": ".models.base", "TokenModel": ".models.base",
@@ -60,6 +60,7 @@ __all__ = [
     "ImageResult",
     "MemoryPlan",
     "ModelLoadError",
+    "NonFiniteError",
     "NotACausalLMError",
     "PassRecord",
     "Progress",

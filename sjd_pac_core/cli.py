@@ -196,11 +196,12 @@ def _generate(args) -> int:
 
     from .images import upscale
     from .pass_cost import slow_shape_warning
-    from .settings import pointless_setting_warnings, run_record, settings_line
+    from .settings import pointless_setting_warnings, run_record, seed_note, settings_line
     from .threads import threads_for, torch_threads
 
     with _no_transformers_bars() if args.quiet else contextlib.nullcontext():
-        model = sp.load_model(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize)
+        model = sp.load_model(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize,
+                              check_finite=True if args.check_finite else None)
     if model.memory_plan is not None and not args.quiet:
         print(model.memory_plan.one_line(model.quantize), file=sys.stderr)
     config = _config_from_args(args, model.defaults)
@@ -242,6 +243,9 @@ def _generate(args) -> int:
                 print(f"warning: {kept.note}", file=sys.stderr)
             paths.append(kept.path)
     print(f"settings: {settings_line(config, cpu_threads)}; seed {result.seed}")
+    note = seed_note(config)
+    if note:
+        print(f"note: {note}.")
     for stats in result.all_stats:
         print(f"{stats.method}: {stats.tokens_committed} tokens in {stats.forward_passes} forward passes = "
               f"{stats.step_compression:.2f} tokens per forward pass (plain AR: 1), {stats.wall_time:.2f} s")
@@ -267,6 +271,9 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     gen.add_argument("--quantize", default="none", choices=["none", "int8", "4bit", "auto"],
                      help="weight-only quantization of the decoder layers (auto: the most precise that fits; "
                           'needs pip install "sjd-pac[quant]")')
+    gen.add_argument("--check-finite", action="store_true",
+                     help="look for NaN or infinite values in every weight after loading (done anyway for models "
+                     "of up to 2e9 parameters; larger ones take a while)")
     gen.add_argument("--threads", type=arguments.threads(), default=0,
                      help="torch CPU threads (0 = chosen for the model's size: 1 for small models such as "
                           "the demo, torch's default for large ones)")

@@ -40,6 +40,28 @@ MAX_AUTO_BUDGET = 256  # the largest budget node_budget="auto" picks (engine/bud
 # along with the largest pass (engine/loop.py, models/memory.py).
 PROBE_SIZES: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 DEFAULT_TREE_FIRST_WIDTH = 8  # SamplerConfig.tree_first_width's default (docs/benchmark.md, "Drafting")
+# The sampling recipe runs in float32 (sampling/recipe.py). Temperature divides the logits and CFG
+# multiplies their differences, so each is a scale on the logits: kept to at most 1 / the smallest
+# normal float32 (8.5e37), a logit of a few units stays finite. A top_p below the smallest normal
+# is 0 on devices that flush subnormals to zero, and keeps no token. Values inside the bounds that
+# still overflow with a model's logits stop the run with a sentence (engine/finite.py).
+SMALLEST_NORMAL_FLOAT32 = float(np.finfo(np.float32).tiny)
+LARGEST_LOGIT_SCALE = 1.0 / SMALLEST_NORMAL_FLOAT32
+
+
+def float32_knob_problem(name: str, value: float) -> Optional[str]:
+    """Why a temperature, cfg_scale or top_p value cannot be sampled with in float32, as a clause
+    ("is below ..., so ..."), or None. SamplerConfig and the checkpoints' sampling defaults share it."""
+    if name == "temperature" and value < SMALLEST_NORMAL_FLOAT32:
+        return (f"is below {SMALLEST_NORMAL_FLOAT32:.3g}, the smallest normal float32 number, so dividing "
+                "the logits by it overflows")
+    if name == "cfg_scale" and value > LARGEST_LOGIT_SCALE:
+        return (f"is above {LARGEST_LOGIT_SCALE:.3g} (1 / the smallest normal float32 number), so the guided "
+                "logits overflow float32")
+    if name == "top_p" and value < SMALLEST_NORMAL_FLOAT32:
+        return (f"is below {SMALLEST_NORMAL_FLOAT32:.3g}, the smallest normal float32 number, where it "
+                "rounds to 0 and keeps no token")
+    return None
 
 
 def level_node_count(widths: Iterable[int], limit: Optional[int] = None) -> int:
@@ -309,6 +331,13 @@ class SamplerConfig:
             raise ConfigError(f"top_p must be None or in (0, 1], got {self.top_p!r}.")
         if self.cfg_scale is None or self.cfg_scale < 0:
             raise ConfigError(f"cfg_scale must be >= 0, got {self.cfg_scale!r}; 1.0 disables guidance.")
+        fixes = {"temperature": "use 1.0 for the model's own distribution",
+                 "cfg_scale": "use 1-10 (1.0 disables guidance)", "top_p": "use 0.9, or None to turn it off"}
+        for name, fix in fixes.items():
+            value = getattr(self, name)
+            problem = None if value is None else float32_knob_problem(name, value)
+            if problem:
+                raise ConfigError(f"{name} = {value:g} {problem}; {fix}.")
 
     # Derived switches: the loop reads these, never the raw method string.
     @property

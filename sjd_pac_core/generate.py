@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from .config import ConfigError, SamplerConfig
+from .engine.finite import NonFiniteError
 from .engine.loop import Callback, sample_tokens
 from .engine.stats import RunStats
 from .models.image_model import ARImageModel, PromptEncoding
@@ -78,10 +79,13 @@ def generate_image(
         warnings.warn(message, stacklevel=2)
     tokens, all_stats = [], []
     for i in range(batch_size):  # images run one after another: each has its own accept lengths
-        out = sample_tokens(
-            model, encoding.prompt_ids, encoding.layout.num_tokens, config=config, seed=image_seed(seed, i),
-            uncond_prompt_ids=encoding.uncond_ids, allowed_tokens=encoding.constraints, callback=callback,
-        )
+        try:
+            out = sample_tokens(
+                model, encoding.prompt_ids, encoding.layout.num_tokens, config=config, seed=image_seed(seed, i),
+                uncond_prompt_ids=encoding.uncond_ids, allowed_tokens=encoding.constraints, callback=callback,
+            )
+        except NonFiniteError as exc:  # name the token's place in the picture too
+            raise exc.on_grid(encoding.layout.rows, encoding.layout.row_length) from None
         tokens.append(out.tokens)
         all_stats.append(out.stats)
     stacked = torch.stack(tokens)

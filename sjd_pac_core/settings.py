@@ -265,6 +265,26 @@ def settings_line(config: SamplerConfig, threads: Optional[int] = None) -> str:
     return ", ".join(parts)
 
 
+def seed_reproduces_picture(config: SamplerConfig) -> bool:
+    """Whether the same seed (and settings, model, device) gives this very picture again.
+
+    verify="gumbel" fixes every token by (seed, position), whatever the windows were: seed-exact.
+    verify="rejection" draws its coins in the order the passes ask for them, so the tokens depend
+    on every pass's window; window="auto" chooses it from this device's measured speed, which
+    differs from run to run. Only that pair reproduces the distribution of pictures, not the picture.
+    """
+    return not (config.verify == "rejection" and config.auto_window)
+
+
+def seed_note(config: SamplerConfig) -> Optional[str]:
+    """What the seed reproduces, for a run whose seed does not give its picture again (else None)."""
+    if seed_reproduces_picture(config):
+        return None
+    return ("with verify 'rejection' and window 'auto' the window follows this device's measured speed, so the "
+            "seed reproduces the distribution of pictures, not this picture; use verify 'gumbel' (seed-exact "
+            "for every window) or a fixed window to get a picture again from its seed")
+
+
 RECORD_PNG_KEY = "sjd_pac"  # the PNG text chunk that holds a run record (CLI, nodes, app)
 
 
@@ -274,12 +294,14 @@ def run_record(config: SamplerConfig, *, prompt: str, seed: Optional[int], rando
     """Everything needed to reproduce a run, as plain JSON: the one record the CLI, the nodes and
     the app save (in PNG metadata) and show. Knobs are keyed by their SamplerConfig field names,
     every field included; `seed` is the seed used (None only while a random one is not drawn
-    yet), `random_seed` whether it was drawn; `threads` the CPU threads (None off the CPU)."""
+    yet), `random_seed` whether it was drawn; `threads` the CPU threads (None off the CPU);
+    `seed_reproduces` "picture" or "distribution" (seed_reproduces_picture)."""
     knobs = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}  # every knob, new ones too
     return {
         "model": model, "family": family, "device": device, "threads": threads, "prompt": prompt,
         "negative_prompt": negative_prompt, "resolution": resolution, "seed": None if seed is None else int(seed),
-        "random_seed": bool(random_seed), "batch_size": int(batch_size), **knobs,
+        "random_seed": bool(random_seed), "batch_size": int(batch_size),
+        "seed_reproduces": "picture" if seed_reproduces_picture(config) else "distribution", **knobs,
     }
 
 

@@ -481,6 +481,32 @@ def test_random_seeds_give_different_pictures(app, app_model):
         assert f"Seed {seed} (random)" in run[5] and f"seed-{seed}" in Path(run[2]).name
 
 
+def test_the_seed_message_says_what_the_seed_reproduces(app, app_model):
+    """With rejection and L = auto the window follows the measured speed: the seed reproduces the
+    distribution, and the page says so instead of promising this picture."""
+    spec, model = app_model
+    rejection = list(app.generate(*args_for(spec, model, method="sjd", verify="rejection", window="auto")))[-1]
+    assert "reproduces the distribution of pictures, not this picture" in rejection[6]
+    assert "to get this picture again" not in rejection[6]
+    assert rejection[-1]["settings"]["seed_reproduces"] == "distribution"
+    gumbel = list(app.generate(*args_for(spec, model, method="sjd", verify="gumbel", window="auto")))[-1]
+    assert "enter it as the seed to get this picture again" in gumbel[6]
+    assert gumbel[-1]["settings"]["seed_reproduces"] == "picture"
+
+
+def test_the_check_finite_switch_reaches_the_loader(app_model):
+    calls = []
+
+    def loader(path, **kwargs):
+        calls.append(kwargs)
+        return sp.load_model(path, **kwargs)
+
+    spec, _ = app_model
+    runner.ModelManager(None, device="cpu", loader=loader, check_finite=True).get(spec)
+    runner.ModelManager(None, device="cpu", loader=loader).get(spec)
+    assert calls[0]["check_finite"] is True and "check_finite" not in calls[1]
+
+
 # --- the served app, through gradio_client ------------------------------------------------------
 
 def test_served_app_streams_stops_and_survives_errors(served_app, app_model):

@@ -192,10 +192,17 @@ def test_store_refuses_a_damaged_line_in_the_middle(tmp_path):
 # --- a real run, interrupted and resumed ----------------------------------------------------------------
 
 
-def test_batch_writes_pngs_lines_and_summary(tmp_path, capsys):
+def test_batch_writes_pngs_lines_and_summary(tmp_path, capsys, monkeypatch):
+    from sjd_pac_core.batch import work
+
+    loads = []
+    original = work.load_model
+    monkeypatch.setattr(work, "load_model", lambda *args, **kwargs: loads.append(kwargs) or original(*args, **kwargs))
     source = write(tmp_path / "p.txt", PROMPTS[0] + "\n")
     out = tmp_path / "out"
-    assert main(["batch", str(source), "--out", str(out), "--methods", "ar,sjd-pac@32", "--quiet"]) == 0
+    assert main(["batch", str(source), "--out", str(out), "--methods", "ar,sjd-pac@32", "--quiet",
+                 "--check-finite"]) == 0
+    assert loads and all(kwargs["check_finite"] is True for kwargs in loads)
     lines = results(out)
     assert [line["method"] for line in lines] == ["ar", "sjd-pac@32"]
     ar, pac = lines

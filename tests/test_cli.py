@@ -72,6 +72,9 @@ def blocked_file(tmp_path):
     (["--upscale", "100000"], ["--upscale", "between 1 and 16"]),
     (["--seed", "-5"], ["seed", "-1 for a random one"]),
     (["--temperature", "0"], ["temperature"]),
+    (["--temperature", "1e-45"], ["temperature = 1e-45 is below", "smallest normal float32"]),
+    (["--cfg-scale", "3.5e38"], ["cfg_scale = 3.5e+38 is above"]),
+    (["--top-p", "1e-46"], ["top_p = 1e-46 is below"]),
 ])
 def test_bad_arguments_are_refused_before_torch(args, words, tmp_path, blocked_file):
     args = [a.format(tmp=tmp_path, file=blocked_file) for a in args]
@@ -188,3 +191,31 @@ def test_compile_flag_reaches_the_sampler_config_and_the_bench_rows():
     bench = build_parser(argv).parse_args(argv)
     assert [(s.key, s.compiled) for s in _grid_from_args(bench, "ar")] == [
         ("generate", False), ("ar:compile", True), ("sjd-pac@32:compile", True)]
+
+
+def test_check_finite_and_the_seed_note(tmp_path, capsys, monkeypatch):
+    """--check-finite reaches load_model; a rejection run with window auto says that its seed
+    reproduces only the distribution (a gumbel run says nothing of the kind)."""
+    import sjd_pac_core as sp
+    from sjd_pac_core.cli import main
+
+    calls = []
+    original = sp.load_model
+    monkeypatch.setattr(sp, "load_model", lambda *args, **kwargs: calls.append(kwargs) or original(*args, **kwargs))
+    out = tmp_path / "out.png"
+    base = ["generate", "a red circle", "-o", str(out), "--quiet", "--method", "sjd", "--window", "auto"]
+    assert main([*base, "--check-finite", "--verify", "rejection"]) == 0
+    captured = capsys.readouterr()
+    assert calls[-1]["check_finite"] is True
+    assert "note: with verify 'rejection' and window 'auto'" in captured.out
+    assert saved_record(out)["seed_reproduces"] == "distribution"
+    assert main([*base, "--verify", "gumbel"]) == 0
+    captured = capsys.readouterr()
+    assert calls[-1]["check_finite"] is None and "note:" not in captured.out
+    assert saved_record(out)["seed_reproduces"] == "picture"
+
+
+def saved_record(path: Path) -> dict:
+    from PIL import Image
+
+    return json.loads(Image.open(path).info["sjd_pac"])

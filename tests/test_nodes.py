@@ -160,6 +160,40 @@ def test_loader_lists_demo_first_and_reuses_the_loaded_model(pack, bridge, model
     assert a.get() is b.get()  # ... and the first one is still there (no last-loader-wins state)
 
 
+def test_loader_can_check_every_weight_whatever_the_size(pack, bridge, model_setup, monkeypatch):
+    """The load-time NaN/inf check runs by default only up to 2e9 parameters; the loader's
+    check_finite switch runs it for any size (here the limit is lowered so the demo counts as large)."""
+    from sjd_pac_core.models import loader as core_loader
+
+    choice, _ = model_setup
+    loader_cls = pack.NODE_CLASS_MAPPINGS["LoadARImageModel"]
+    switch = loader_cls.INPUT_TYPES()["optional"]["check_finite"]
+    assert switch[0] == "BOOLEAN" and switch[1]["default"] is False and "2e9" in switch[1]["tooltip"]
+    checked = []
+    original = core_loader.check_finite_weights
+    monkeypatch.setattr(core_loader, "check_finite_weights", lambda *args: checked.append(1) or original(*args))
+    monkeypatch.setattr(core_loader, "FINITE_CHECK_DEFAULT_LIMIT", 0)
+    submodule("model_cache").clear()
+    (plain,) = loader_cls().load(choice, "auto", "cpu")
+    assert not checked
+    (checking,) = loader_cls().load(choice, "auto", "cpu", check_finite=True)
+    assert checked == [1] and checking.key != plain.key and checking.check_finite
+
+
+def test_float_widgets_offer_no_value_the_sampler_refuses_without_a_sentence(pack):
+    """Every FLOAT knob's range ends inside the float32 bounds; the tiny values its range still
+    holds (a typed 1e-45) are refused by the one validation with one sentence (rows above)."""
+    from sjd_pac_core.config import LARGEST_LOGIT_SCALE, SamplerConfig
+
+    req = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"].INPUT_TYPES()["required"]
+    assert req["cfg_scale"][1]["max"] <= LARGEST_LOGIT_SCALE
+    for name in ("cfg_scale", "temperature", "top_p"):
+        spec = req[name][1]
+        SamplerConfig(**{name: spec["max"]})  # the top of the range is accepted
+        SamplerConfig(**{name: spec["step"]})  # and the smallest step above 0
+        assert spec["min"] == -1.0  # below 0 only the "model's own value" sentinel
+
+
 def test_loader_rejects_missing_model_with_the_fix(pack, bridge):
     loader_cls = pack.NODE_CLASS_MAPPINGS["LoadARImageModel"]
     message = loader_cls.VALIDATE_INPUTS("lumina-mgpt-7b-768")
@@ -249,6 +283,9 @@ def test_resolution_is_checked_against_the_model_at_run_time(pack, bridge, handl
     (dict(top_k=2, tree_width=4), "tree_width"),
     (dict(tree_depth=9), "D <= 4"),
     (dict(tree_width=0), "tree_width"),
+    (dict(temperature=1e-45), "temperature = 1e-45 is below"),  # inside the widget's range
+    (dict(top_p=1e-46), "top_p = 1e-46 is below"),  # inside the widget's range
+    (dict(cfg_scale=3.5e38), "cfg_scale = 3.5e+38 is above"),
 ])
 def test_bad_knobs_fail_before_model_work_with_the_fix(pack, bridge, handle, bad, word):
     """ComfyUI's own min/max/list check stops most of these at queue time; a host that calls the node

@@ -199,3 +199,25 @@ def test_window_one_claims_hold_on_the_demo_model(demo_model):
         assert max(stats.accept_lengths[1:]) <= 2 and stats.forward_passes < stats.num_tokens
         passes[method] = stats.forward_passes
     assert passes["sjd_pac"] < passes["sjd"]
+
+
+@pytest.mark.parametrize("fields,reproduces", [
+    (dict(verify="gumbel", window="auto"), True),
+    (dict(verify="gumbel", window=32), True),
+    (dict(verify="rejection", window=32), True),
+    (dict(verify="rejection", window="auto"), False),
+    (dict(verify="rejection", window="auto", method="ar"), True),  # AR has no window to choose
+])
+def test_what_a_seed_reproduces_is_said_in_the_run_record(fields, reproduces):
+    """Only the rejection rule with the auto window (whose windows follow the measured speed)
+    reproduces just the distribution from a seed (tests/test_window.py shows both halves)."""
+    from sjd_pac_core.settings import run_record, seed_note, seed_reproduces_picture
+
+    config = sp.SamplerConfig(**fields)
+    assert seed_reproduces_picture(config) is reproduces
+    record = run_record(config, prompt="a red circle", seed=5)
+    assert record["seed_reproduces"] == ("picture" if reproduces else "distribution")
+    note = seed_note(config)
+    assert (note is None) is reproduces
+    if note:
+        assert "reproduces the distribution of pictures, not this picture" in note and "gumbel" in note

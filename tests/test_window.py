@@ -325,3 +325,38 @@ def test_auto_tree_choices_keep_the_ar_tokens(monkeypatch):
         assert torch.equal(ar.tokens, auto.tokens)
         assert len({r.tree_nodes for r in auto.stats.records[1:]}) >= 4
     assert len(picked) >= 6
+
+
+# --- what a seed reproduces under window="auto" ------------------------------------------------
+
+FLAT_COSTS = CostCurve((1, 128), (1.0, 1.0))  # a device where every pass size costs the same
+STEEP_COSTS = CostCurve((1, 128), (1.0, 128.0))  # one where every node costs a token's pass
+
+
+@pytest.mark.parametrize("method", ["sjd", "sjd_pac"])
+def test_auto_windows_from_two_devices_keep_gumbel_tokens_and_change_rejection_ones(monkeypatch, method):
+    """The auto window follows the measured cost of a pass, so two devices (or two runs of one
+    busy device) choose different windows for one seed. Gumbel fixes every token by (seed,
+    position): the same picture whatever the windows. Rejection draws its coins in the order the
+    passes ask for them: another picture, which is why the app, the CLI and the run record say
+    that its seed reproduces only the distribution (settings.seed_reproduces_picture)."""
+    from sjd_pac_core.engine import loop
+    from sjd_pac_core.settings import seed_reproduces_picture
+
+    lm = seed_exact_lm()
+    prompt = torch.tensor([5, 9, 13])
+    runs = {}
+    for verify in ("gumbel", "rejection"):
+        config = sp.SamplerConfig(method=method, window="auto", verify=verify)
+        for name, costs in (("flat", FLAT_COSTS), ("steep", STEEP_COSTS)):
+            monkeypatch.setattr(loop, "measure_cost_curve", lambda *args, _costs=costs, **kwargs: _costs)
+            runs[verify, name] = sp.sample_tokens(lm, prompt, 100, config=config, seed=5)
+    windows = {key: [r.window for r in out.stats.records[1:]] for key, out in runs.items()}
+    assert windows["gumbel", "flat"] != windows["gumbel", "steep"], windows  # the devices chose differently
+    assert windows["rejection", "flat"] != windows["rejection", "steep"], windows
+    ar = sp.sample_tokens(lm, prompt, 100, config=sp.SamplerConfig(method="ar", verify="gumbel"), seed=5)
+    assert torch.equal(runs["gumbel", "flat"].tokens, runs["gumbel", "steep"].tokens)
+    assert torch.equal(runs["gumbel", "flat"].tokens, ar.tokens)
+    assert not torch.equal(runs["rejection", "flat"].tokens, runs["rejection", "steep"].tokens)
+    assert seed_reproduces_picture(runs["gumbel", "flat"].config)
+    assert not seed_reproduces_picture(runs["rejection", "flat"].config)

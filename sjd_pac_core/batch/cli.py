@@ -58,6 +58,8 @@ def add_batch_parser(subparsers, **checks: Callable) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.add_argument("--quantize", default="none", choices=["none", "int8", "4bit", "auto"],
                    help="weight-only quantization of the decoder layers, as `sjd-pac generate` takes it")
+    p.add_argument("--check-finite", action="store_true",
+                   help="look for NaN or infinite values in every weight after loading, as `sjd-pac generate` does")
     p.add_argument("--device", default="auto",
                    help="auto, cpu, cuda, cuda:N or mps; with Ray workers auto or cuda gives each worker one GPU")
     p.add_argument("--threads", type=int, default=0,
@@ -117,7 +119,7 @@ def _batch(args, cli: CliChecks) -> int:
     options = BatchOptions(
         lines=args.lines, out=Path(args.out), seeds=args.seed_list, methods=args.method_list,
         model=ModelSpec(_model_path(args.model), dtype=args.dtype, device=args.device, quantize=args.quantize,
-                        threads=args.threads),
+                        threads=args.threads, check_finite=args.check_finite),
         workers=args.workers or 0, ray_address=args.ray_address, progress=not args.quiet,
         source=Path(args.input).name)
     try:

@@ -34,6 +34,7 @@ class ModelSpec:
     device: str = "auto"
     quantize: str = "none"  # weight-only quantization, as load_model takes it
     threads: int = 0  # torch CPU threads; 0 = chosen from the model's size and the workers per machine
+    check_finite: bool = False  # every weight checked for NaN/inf after loading, whatever the size
 
 
 @dataclass
@@ -52,7 +53,8 @@ def cpu_threads(model: ARImageModel, spec: ModelSpec, cores: Optional[int] = Non
 
 def load_for_jobs(spec: ModelSpec) -> Tuple[ARImageModel, ModelInfo]:
     """Load the model once for many jobs; ModelLoadError (one sentence) when it cannot be loaded."""
-    model = load_model(spec.path, dtype=spec.dtype, device=spec.device, quantize=spec.quantize)
+    model = load_model(spec.path, dtype=spec.dtype, device=spec.device, quantize=spec.quantize,
+                       check_finite=True if spec.check_finite else None)
     info = ModelInfo(name=model.name, family=model.family, dtype=str(resolve_dtype(spec.dtype, model.device)),
                      defaults=model.defaults, quantize=getattr(model, "quantize", spec.quantize))
     return model, info

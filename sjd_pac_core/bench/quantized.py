@@ -8,7 +8,8 @@ drafts get accepted) is saved once as a safetensors checkpoint, then loaded at e
 through transformers' from_pretrained with the same quantization_config load_model builds (the
 decoder layers' linears only). The timed runs interleave the precisions and the methods in every
 round (AR, then SJD-PAC, same prompt and seed, verify="gumbel", CFG), so a drifting machine hits
-all alike; time per token is the median over rounds. Counts (weight bytes, passes, step
+all alike; time per token is the median over rounds. Memory is measured per precision in a
+fresh process on the CPU (after the load and at its peak). Counts (weight bytes, passes, step
 compression, identical tokens) do not depend on the machine. benchmarks/gpu_bench.py runs the
 same rows on the 7B shapes.
 """
@@ -17,7 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -31,29 +35,68 @@ from .. import arguments
 PRECISIONS = ("none", "int8", "4bit")
 
 
-def resident_bytes() -> Optional[int]:
-    """This process's resident set (Linux VmRSS); None elsewhere."""
+def resident_bytes(kind: str = "VmRSS") -> Optional[int]:
+    """This process's resident set from /proc/self/status (Linux): VmRSS (all), RssAnon (its own
+    memory), RssFile (mapped files' pages, which the OS can drop and read again), VmHWM (the
+    peak); None elsewhere."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(kind + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None
 
 
-def device_bytes(device: torch.device) -> Optional[int]:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.memory_allocated(device))
-    return resident_bytes()
+def release_freed_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them otherwise, and they count as resident)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
-def save_random_checkpoint(shape, dtype: torch.dtype, device: torch.device, folder: Path, head_scale: float) -> type:
-    """The shape's random transformers model, saved as safetensors; returns its class."""
+def cpu_load_memory(cls, folder: Path, precision: str, dtype: torch.dtype) -> Dict[str, Optional[int]]:
+    """Memory that loading at `precision` takes on the CPU, in a fresh process, less its own after
+    importing torch and transformers: the peak of the load, and after one forward pass (which reads
+    every weight) with freed heap pages handed back, the process's own memory and the mapped pages
+    (weights read straight from the safetensors file stay file pages, which the OS can drop under
+    pressure and read again; library code the pass touches first adds some 30 MB). Measured in
+    this process, the other precisions' freed pages would be reused and mean little."""
+    script = ("import json, sys, warnings, importlib, torch, transformers\n"
+              "from pathlib import Path\n"
+              "from sjd_pac_core.bench import quantized as q\n"
+              "module, name, folder, precision, dtype = sys.argv[1:]\n"
+              "cls = getattr(importlib.import_module(module), name)\n"
+              "base = {kind: q.resident_bytes(kind) for kind in ('RssAnon', 'RssFile', 'VmRSS')}\n"
+              "warnings.simplefilter('ignore')\n"
+              "model = q.load_at(cls, Path(folder), precision, getattr(torch, dtype), torch.device('cpu'))\n"
+              "peak = q.resident_bytes('VmHWM') - base['VmRSS']\n"
+              "with torch.no_grad():\n"
+              "    model(torch.ones(1, 1, dtype=torch.long))  # a pass reads every weight: mapped pages count\n"
+              "q.release_freed_memory()\n"
+              "print(json.dumps({'own': q.resident_bytes('RssAnon') - base['RssAnon'], 'peak': peak,\n"
+              "                  'mapped': q.resident_bytes('RssFile') - base['RssFile']}))\n")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", script, cls.__module__, cls.__name__, str(folder), precision,
+                           str(dtype).replace("torch.", "")], capture_output=True, text=True, env=env)
+    if done.returncode != 0 or not done.stdout.strip():
+        return {"own": None, "mapped": None, "peak": None}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def save_random_checkpoint(shape, dtype: torch.dtype, device: torch.device, folder: Path, head_scale: float,
+                           seed: int = 0) -> type:
+    """The shape's random transformers model (the same weights for the same seed), saved as
+    safetensors; returns its class."""
     from .shapes import build_random_model
 
-    model = build_random_model(shape, dtype, device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_random_model(shape, dtype, device)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(head_scale)
     model.save_pretrained(folder)
@@ -111,17 +154,24 @@ def quantized_rows(shape, device: torch.device, precisions: Sequence[str] = PREC
     rows: Dict[str, Dict[str, object]] = {}
     adapters = {}
     with tempfile.TemporaryDirectory(prefix="sjd_pac_quant_") as tmp:
-        cls = save_random_checkpoint(shape, dtype, device, Path(tmp), head_scale)
+        cls = save_random_checkpoint(shape, dtype, device, Path(tmp), head_scale, seed)
         for precision in precisions:
-            before = device_bytes(device)
+            if device.type == "cuda":  # the allocator's own count is exact: around the load itself
+                torch.cuda.synchronize(device)
+                before = int(torch.cuda.memory_allocated(device))
+            else:
+                memory = cpu_load_memory(cls, Path(tmp), precision, dtype)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = load_at(cls, Path(tmp), precision, dtype, device)
-            after = device_bytes(device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                memory = {"own": int(torch.cuda.memory_allocated(device)) - before, "mapped": None, "peak": None}
             adapters[precision] = CausalLMAdapter(model, token_space=image_token_ids(shape, device))
             rows[precision] = {"precision": precision, "weight_bytes": weight_bytes([model]),
                                "quantized_linears": len(quantized_modules(model)),
-                               "memory_after_load_bytes": None if before is None or after is None else after - before,
+                               "memory_own_bytes": memory["own"], "memory_mapped_bytes": memory["mapped"],
+                               "memory_peak_bytes": memory["peak"],
                                "seconds_per_token": {m: [] for m in configs}, "tokens": {}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -160,11 +210,16 @@ def markdown(result: Dict[str, object]) -> str:
     lines = [f"### Weight-only quantization: {result['shape']} on {result['device']} ({result['dtype']}), "
              f"{result['tokens']} image tokens, CFG {result['cfg_scale']}, SJD-PAC L={result['window']}, "
              f"median of {result['rounds']} interleaved rounds", "",
-             "| precision | weight MB | memory after load MB | AR ms/token | SJD-PAC ms/token | SJD-PAC speedup | "
-             "step compression | AR time vs first row | SJD-PAC tokens = AR |", "|---|---|---|---|---|---|---|---|---|"]
+             "| precision | weight MB | own memory MB | mapped checkpoint MB | peak while loading MB | AR ms/token | SJD-PAC ms/token | "
+             "SJD-PAC speedup | step compression | AR time vs first row | SJD-PAC tokens = AR |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def megabytes(value: Optional[int]) -> str:
+        return "-" if value is None else f"{value / 1e6:.0f}"
+
     for row in result["rows"]:
-        mem = "-" if row["memory_after_load_bytes"] is None else f"{row['memory_after_load_bytes'] / 1e6:.0f}"
-        lines.append(f"| {row['precision']} | {row['weight_bytes'] / 1e6:.0f} | {mem} | "
+        lines.append(f"| {row['precision']} | {row['weight_bytes'] / 1e6:.0f} | {megabytes(row['memory_own_bytes'])} | "
+                     f"{megabytes(row['memory_mapped_bytes'])} | {megabytes(row['memory_peak_bytes'])} | "
                      f"{1000 * row['seconds_per_token']['ar']:.2f} | {1000 * row['seconds_per_token']['sjd_pac']:.2f} | "
                      f"{row['speedup']:.2f}x | {row['step_compression']:.2f}x | {row['ar_time_vs_first']:.2f} | "
                      f"{'yes' if row['sjd_pac_equals_ar'] else 'NO'} |")

@@ -7,7 +7,8 @@ rejection point). A pass is a fixed sequence of typed stages:
     plan     the draft (window + tree) laid out as one fixed-shape batch of nodes (PassPlan)
     forward  one model pass over the nodes on top of the KV cache
     verify   every decision of the pass on the device (Verdict)
-    sync     the decisions to the host: the pass's one host sync (Decisions)
+    sync     the decisions to the host: the pass's one host sync (Decisions), which also says
+             whether any p is NaN or infinite (then the run stops: finite.py)
     walk     a pure function of those host values: the accepted path (PassOutcome)
     commit   the path's tokens and the final token; the cache keeps the path's entries
     draft    the Drafter strategy makes the next pass's draft (drafters.py)
@@ -17,11 +18,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..bounded_cache import MIB, bounded_by_bytes, tensor_bytes
 from ..config import SamplerConfig
 from ..models.base import TokenModel
 from ..models.causal_lm import as_token_model
@@ -30,14 +31,15 @@ from ..sampling.constraint_table import ConstraintTable
 from ..sampling.drafting import adaptive_continuation
 from ..sampling.recipe import SamplingRecipe, TokenConstraints, process
 from ..sampling.rules import NodeChildren
-from ..sampling.tree import TreeLayout, tree_layout
+from ..sampling.tree import TreeLayout, layout_bytes, tree_layout
 from ..transfer import copy_to_device, to_device
 from . import drafters
 from .drafters import Draft, DraftContext, PassReport
+from .finite import NonFiniteError, first_non_finite, non_finite_error, non_finite_row
 from .inputs import check_sample_inputs
 from .state import DecodeState
 from .stats import PassRecord, RunStats
-from .sync import SyncCounter, synchronize
+from .sync import SyncCounter, fetch, synchronize
 from .timing import ForwardTimer
 from .verdict import PassOutcome, StaleRows, Verdict, continuation, walk
 from .window import (AUTO_START_WINDOW, CANDIDATE_WINDOWS, COMPILED_CANDIDATE_WINDOWS, PROBE_SIZES, AutoTreeWindow,
@@ -168,7 +170,10 @@ class PassShape:
                             q_rows=self.q_rows, single=self.single, multi=self.multi, leaves=self.leaves)
 
 
-@lru_cache(maxsize=256)
+# A large pass shape holds an envelope x envelope mask (and its layout), and a run near the
+# image's end meets a new one every pass: kept up to a number of bytes (on a GPU also a small
+# share of its memory), the least recently used out.
+@bounded_by_bytes(64 * MIB, device_fraction=0.01, weigh=lambda shape: tensor_bytes(shape) + layout_bytes(shape.layout))
 def pass_shape(layout: TreeLayout, levels: int, width: int, window: int, envelope: int,
                device: torch.device) -> PassShape:
     """The PassShape of a layout, built once per process (a run uses a handful: chain and tree
@@ -277,8 +282,9 @@ class _Decoder:
         target = self._window_target(1)
         self.rule.prepare(1)
         draft = self.drafter.first(self.ctx, logits, 1, target)
-        synchronize(self.device)  # the prefill's timing (its one sync)
-        SyncCounter.count += 1
+        # The prefill's one sync (which also times it): whether p of the first token is finite.
+        if fetch(dict(at=first_non_finite(p0, pos0)))["at"][0] >= 0:
+            raise self._non_finite(0, p0, pos0, logits.unsqueeze(1))
         state = DecodeState(session=session, committed=committed, num_committed=1, draft=draft, target=target)
         self._record(state, stats, callback, start, syncs, committed=1, window=0, tree_nodes=0,
                      first_reject=-1, kept_by_ac=0, branch=(), envelope=0)
@@ -290,6 +296,8 @@ class _Decoder:
         logits = self._forward(state, plan)
         verdict = self._verify(state, plan, logits)
         decisions = verdict.decisions()  # the pass's one host sync
+        if decisions.non_finite_at >= 0:
+            raise self._non_finite(decisions.non_finite_at, verdict.p, verdict.positions, logits)
         window, layout = plan.draft.window, plan.shape.layout
         n = state.num_committed
         last_depth = self.num_tokens - n  # a node at this depth holds the image's last token
@@ -398,7 +406,14 @@ class _Decoder:
         chosen = children.tokens.gather(1, accepted.clamp(min=0).unsqueeze(1)).squeeze(1)
         draft_token = adaptive_continuation(chosen, accepted >= 0, next_token)
         return Verdict(accepted_child=accepted, next_token=next_token, draft_token=draft_token, p=probs,
-                       positions=positions)
+                       positions=positions, non_finite_at=first_non_finite(probs, positions))
+
+    def _non_finite(self, position: int, p: torch.Tensor, positions: torch.Tensor,
+                    logits: torch.Tensor) -> NonFiniteError:
+        """The run's end at a row of p that is not finite (logits [B, S, V] of the rows of p)."""
+        row = non_finite_row(p, positions, position)
+        allowed = self.constraints.mask(positions[row : row + 1])[0]
+        return non_finite_error(position, self.num_tokens, logits[:, row], allowed, self.recipe)
 
     def _commit(self, state: DecodeState, plan: PassPlan, verdict: Verdict, outcome: PassOutcome) -> None:
         """Commit the path and the final token; keep only the path's cache entries."""

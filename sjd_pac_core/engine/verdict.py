@@ -29,6 +29,7 @@ class Decisions:
     """The host copy of a pass's decisions: what the walks need, nothing else."""
 
     accepted_child: List[int]  # [S] per node: the accepted child's slot, -1 for none
+    non_finite_at: int = -1  # the first image position whose p is NaN or inf, -1 for none
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,11 @@ class Verdict:
     draft_token: torch.Tensor  # long [S]: the accepted child's token, else next_token: a draw from p
     p: torch.Tensor  # float [S, V]: each node's p (for the position after it)
     positions: torch.Tensor  # long [S]: the image position each node's p is for
+    non_finite_at: torch.Tensor  # long [1]: the first position whose p is not finite, -1 for none
 
     def decisions(self) -> Decisions:
-        return Decisions(**fetch(dict(accepted_child=self.accepted_child)))
+        values = fetch(dict(accepted_child=self.accepted_child, non_finite_at=self.non_finite_at))
+        return Decisions(accepted_child=values["accepted_child"], non_finite_at=values["non_finite_at"][0])
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 transformers builds a model from whatever numbers config.json holds: a zero head count divides by
 zero, a negative vocabulary size trips an assertion, a float size fails its dataclass validation
 and a vocabulary_map id past the vocabulary indexes out of range at the first prompt. Here the
-sizes of the top level and of `text_config` must be whole numbers >= 1 that fit together, and a
+sizes of the top level and of `text_config` must be whole numbers >= 1 that fit together, a norm
+epsilon a finite number >= 0 (a negative one loads, then makes every logit NaN), and a
 vocabulary_map must be a table of token name -> id inside the vocabulary.
 
 Sliding-window attention (Mistral, Gemma 2/3, Qwen2 with use_sliding_window, ...) is found here
@@ -13,6 +14,7 @@ such a model computes only while the whole sequence fits in its window.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -35,6 +37,14 @@ def _sections(path: Path, config: dict) -> List[Tuple[str, dict]]:
     return [("", config)] + ([("text_config.", text)] if text is not None else [])
 
 
+# The norm layers' epsilons (transformers' names and GPT-2's), where config.json sets them.
+EPSILON_KEYS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
+
+
+def _epsilon(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
 def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
@@ -49,6 +59,13 @@ def check_config_values(path: Path, config: dict) -> None:
             if value is not None and not _whole(value):
                 raise ModelLoadError(
                     f"{path} sets {prefix}{key} to {value!r}, which is not a whole number >= 1; {fix}."
+                )
+        for key in EPSILON_KEYS:
+            value = section.get(key)
+            if value is not None and not _epsilon(value):
+                raise ModelLoadError(
+                    f"{path} sets {prefix}{key} to {value!r}, which is not a finite number >= 0 (a norm layer divides "
+                    f"by the square root of a mean square plus it, so a negative one gives NaN); {fix}."
                 )
         heads = section.get("num_attention_heads", section.get("n_head"))
         hidden = section.get("hidden_size", section.get("n_embd"))

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from ..demo.model import DemoModel, load_demo
-from ..config import ConfigError
+from ..config import ConfigError, float32_knob_problem
 from ..demo import VOCAB_FILE
 from ..demo.captions import PromptError, caption_words, parse_prompt
 from ..demo.vq import VQ_CONFIG, VQ_WEIGHTS, VQConfig, VQModel
@@ -47,6 +47,10 @@ def folder_defaults(folder: Path, base: FamilyDefaults) -> FamilyDefaults:
     for key, field in GENERATION_DEFAULT_KEYS.items():
         value = config.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            problem = None if field == "top_k" else float32_knob_problem(field, float(value))
+            if problem:
+                raise ModelLoadError(f"{path} sets {key} to {value:g}, which {problem}; correct it (or delete the "
+                                     "file: it only holds sampling defaults).")
             changes[field] = int(value) if field == "top_k" else float(value)
     return base.with_sampler(**changes) if changes else base
 

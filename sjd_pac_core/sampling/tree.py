@@ -17,11 +17,13 @@ from its slot paths (`TreeShape.check` says whether it is one).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Dict, Iterable, Sequence, Tuple
 
 import torch
+
+from ..bounded_cache import MIB, bounded_by_bytes, tensor_bytes
 
 Path = Tuple[int, ...]  # slots from the root's child down to the node; () is the root
 
@@ -60,7 +62,13 @@ class TreeShape:
         return max((len(p) for p in self.paths), default=0)
 
 
-@lru_cache(maxsize=512)
+def shape_bytes(shape: TreeShape) -> int:
+    """Bytes of a shape's node paths (a tuple per node, as long as its depth)."""
+    return sys.getsizeof(shape.paths) + sum(map(sys.getsizeof, shape.paths))
+
+
+# A run near the image's end meets a new shape every pass: kept up to a number of bytes.
+@bounded_by_bytes(32 * MIB, max_entries=512, weigh=shape_bytes)
 def chain_shape(length: int) -> TreeShape:
     """The plain SJD window: root + `length` drafts, each the only child of the one before."""
     return TreeShape(tuple((0,) * d for d in range(1, length + 1)))
@@ -75,7 +83,7 @@ def _product(widths: Sequence[int]) -> Iterable[Path]:
             yield head + (s,)
 
 
-@lru_cache(maxsize=512)
+@bounded_by_bytes(32 * MIB, max_entries=512, weigh=shape_bytes)
 def level_tree_shape(widths: Tuple[int, ...], chain_len: int, side_leaves: Tuple[int, ...] = (),
                      side_len: int = 0, chain_width: int = 1) -> TreeShape:
     """Proactive Drafting's tree: level d (1-based) gives every node of level d - 1 the same
@@ -154,9 +162,14 @@ class TreeLayout:
         return path[::-1]
 
 
-@lru_cache(maxsize=512)
+def layout_bytes(layout: TreeLayout) -> int:
+    """Bytes a cached layout keeps alive: its tensors and its shape."""
+    return tensor_bytes(layout) + shape_bytes(layout.shape)
+
+
+@bounded_by_bytes(64 * MIB, max_entries=512, weigh=layout_bytes)
 def tree_layout(shape: TreeShape) -> TreeLayout:
-    """The layout of a shape (cached: a run uses a handful of shapes)."""
+    """The layout of a shape (cached: a run uses a handful of shapes, and kept up to 64 MiB)."""
     index: Dict[Path, int] = {(): 0}
     for path in shape.paths:
         index[path] = len(index)

@@ -22,7 +22,7 @@ import torch
 from PIL import Image, PngImagePlugin
 
 import sjd_pac_core as sp
-from sjd_pac_core.config import ConfigError, SamplerConfig, tree_node_count
+from sjd_pac_core.config import ConfigError, SamplerConfig
 from sjd_pac_core.files import Kept, keep
 from sjd_pac_core.pass_cost import slow_shape_warning
 from sjd_pac_core.settings import RECORD_PNG_KEY, config_from_settings, run_record, seed_value, whole_number
@@ -245,8 +245,10 @@ def out_of_memory_message(config: Optional[SamplerConfig], device: Optional[torc
         "the Mac's GPU" if device is not None and device.type == "mps" else "this computer's memory")
     if config is None or config.method == "ar":
         return f"Out of memory in {where} while generating; close other programs or load the model in a smaller dtype."
-    tree = (tree_node_count(config.tree_depth, config.tree_width)
-            if config.method == "sjd_pac" and config.proactive_drafting and config.tree_depth > 1 else 0)
+    if config.node_budget is not None and config.use_pd:
+        return (f"Out of memory in {where}: each forward pass carries up to {config.pass_nodes} draft nodes "
+                "(the node budget); lower the node budget (64 or 32).")
+    tree = config.tree.level_nodes if config.use_pd else 0
     window = config.window if isinstance(config.window, int) else 0
     if tree > max(window, 64):
         return (f"Out of memory in {where}: each forward pass also scores the D = {config.tree_depth}, "

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Union
 
-from .config import ConfigError
-from .settings import window_value
+from .config import MAX_NODE_BUDGET, ConfigError
+from .settings import node_budget_value, window_value
 
 MAX_SEEDS = 100_000  # seeds one bench or lossless run may take (the lossless default is 120)
 
@@ -134,3 +134,37 @@ def window(text: str):
         return window_value(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def node_budget(text: str):
+    """The node budget B: nodes per pass, 'auto', or 0 (off) (settings.node_budget_value's rule)."""
+    try:
+        return node_budget_value(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def budget_list(text: str) -> List[Union[None, int, str]]:
+    """The bench's node-budget axis: 'none,32,64,128,256' -> [None, 32, 64, 128, 256] (none: a
+    row's own window and tree; auto: chosen per pass), each budget 1 to MAX_NODE_BUDGET, none twice."""
+    budgets: List[Union[None, int, str]] = []
+    for part in (p.strip().lower() for p in text.split(",")):
+        if not part:
+            continue
+        if part in ("none", "auto"):
+            budgets.append(None if part == "none" else part)
+            continue
+        try:
+            value = int(part)
+        except ValueError:
+            value = 0
+        if not 1 <= value <= MAX_NODE_BUDGET:
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not a node budget; use whole numbers of nodes per pass from 1 to {MAX_NODE_BUDGET}, "
+                "auto or none, comma-separated (e.g. none,32,64,128,256)")
+        budgets.append(value)
+    if not budgets:
+        raise argparse.ArgumentTypeError("names no budget; give at least one, e.g. 32,64,128,256")
+    if len(set(budgets)) != len(budgets):
+        raise argparse.ArgumentTypeError(f"{text!r} names a budget twice; give each once")
+    return budgets

@@ -110,6 +110,11 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
                    help="candidates at every chain position past the tree (1 = off, the default; 3 adds "
                         "2 x (L - D + 1) nodes per pass and the most tokens per pass measured, for hardware "
                         "where nodes are nearly free; needs a fixed window)")
+    g.add_argument(flag("node_budget"), type=arguments.node_budget, default=None,
+                   help="nodes per pass (rows beyond the root; x2 with CFG): the window and tree are then "
+                        "chosen every pass from the acceptance measured in the run (replaces the tree "
+                        "flags; L caps the main chain); 'auto' also picks the budget from measured pass "
+                        "costs; 0 = off (the default)")
     g.add_argument(flag("adaptive_continuation"), action=argparse.BooleanOptionalAction, default=True,
                    help="Adaptive Continuation (sjd_pac; on by default)")
     g.add_argument(flag("proactive_drafting"), action=argparse.BooleanOptionalAction, default=True,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from dataclasses import dataclass, fields, replace
-from typing import Any, Dict, Literal, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -16,16 +17,6 @@ InitProposal = Literal["nearest", "uniform"]
 METHODS = ("ar", "sjd", "sjd_pac")
 VERIFY_RULES = ("rejection", "gumbel")
 INIT_PROPOSALS = ("nearest", "uniform")
-
-
-def tree_side_nodes(widths: Sequence[int], side_chain: int = 0) -> int:
-    """Nodes a full tree with these level widths adds beyond the main branch, with side chains
-    of `side_chain` drafts on its one-deviation leaves (sum of (width - 1) of them)."""
-    total, size = 0, 1
-    for width in widths:
-        size *= width
-        total += size - 1
-    return total + side_chain * sum(width - 1 for width in widths)
 
 
 class ConfigError(ValueError):
@@ -43,6 +34,8 @@ MAX_TREE_NODES = 256  # PD tree nodes below the root (default D=3, first level 8
 # on the demo model (README, "Drafting"); a pass that size still costs milliseconds of sampler work.
 MAX_CHAIN_SIBLING_NODES = 1024
 MAX_WINDOW = 1024  # draft window L
+MAX_NODE_BUDGET = 1024  # SamplerConfig.node_budget: nodes per pass
+MAX_AUTO_BUDGET = 256  # the largest budget node_budget="auto" picks (engine/budget.py, BUDGET_CHOICES)
 # Pass sizes the auto window's cost probe runs (engine/window.py); the largest sizes the KV cache
 # along with the largest pass (engine/loop.py, models/memory.py).
 PROBE_SIZES: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
@@ -71,20 +64,78 @@ def float32_knob_problem(name: str, value: float) -> Optional[str]:
     return None
 
 
+def level_node_count(widths: Iterable[int], limit: Optional[int] = None) -> int:
+    """Nodes of a full tree's levels (widths[0] + widths[0] * widths[1] + ...): every node at
+    every level gets the next level's candidates. Stops counting once past `limit`, so an absurd
+    depth costs nothing to check."""
+    total, size = 0, 1
+    for width in widths:
+        size *= width
+        total += size
+        if limit is not None and total > limit:
+            break
+    return total
+
+
+@dataclass(frozen=True)
+class TreeLevels:
+    """The Proactive Drafting tree in numbers: the one place D, the level widths and the node
+    counts of a pass come from.
+
+    A node is a row of a pass beyond its root (the last committed token); with classifier-free
+    guidance each node is two rows of the forward, but budgets and counts are in nodes.
+    widths: candidates at each of the D - 1 positions the tree branches at (D counts the root,
+    as the paper does); side_chain: drafts hung off each leaf one deviation from the main branch
+    (`sampling.tree.one_deviation_leaves`); chain_width: candidates at each chain position past
+    the levels (1: the chain's draft alone).
+    """
+
+    widths: Tuple[int, ...] = ()
+    side_chain: int = 0
+    chain_width: int = 1
+
+    @classmethod
+    def of(cls, depth: int, width: int, first_width: Optional[int] = None, side_chain: int = 0,
+           chain_width: int = 1) -> "TreeLevels":
+        """D and K, the first level `first_width` wide (None: K)."""
+        widths = ((first_width or width,) + (width,) * (depth - 2)) if depth >= 2 else ()
+        return cls(widths, side_chain, chain_width)
+
+    @property
+    def depth(self) -> int:
+        return len(self.widths) + 1
+
+    @property
+    def level_nodes(self) -> int:
+        """Nodes of the levels, main branch included (K + K^2 + ... for D = 3 and width K)."""
+        return level_node_count(self.widths)
+
+    @property
+    def side_leaves(self) -> int:
+        """Leaves one deviation from the main branch (sum of width - 1): where side chains hang."""
+        return sum(w - 1 for w in self.widths)
+
+    def chain_siblings(self, window: int) -> int:
+        """Sibling nodes beside the chain's drafts in a pass of `window` drafts."""
+        return (self.chain_width - 1) * max(window - len(self.widths), 0)
+
+    def side_nodes(self, window: int) -> int:
+        """Nodes beyond the main branch (the window's drafts) in a pass of `window` drafts."""
+        return (self.level_nodes - len(self.widths) + self.side_chain * self.side_leaves
+                + self.chain_siblings(window))
+
+    def nodes(self, window: int) -> int:
+        """Every node of a pass of `window` drafts (its rows beyond the root)."""
+        return window + self.side_nodes(window)
+
+
 def tree_node_count(
     depth: int, width: int, limit: int = MAX_TREE_NODES, first_width: Optional[int] = DEFAULT_TREE_FIRST_WIDTH
 ) -> int:
-    """Nodes below the root of a full tree of depth D, first level `first_width` (None: K), then K.
-
-    Stops counting once past `limit`, so an absurd D costs nothing to check.
-    """
-    total, level = 0, 1
-    for d in range(max(depth - 1, 0)):
-        level *= (first_width or width) if d == 0 else width
-        total += level
-        if total > limit:
-            break
-    return total
+    """Nodes of the levels of a tree of depth D, first level `first_width` (None: K), then K
+    (TreeLevels.level_nodes, without building an absurd D's widths; stops past `limit`)."""
+    widths = itertools.chain([first_width or width], itertools.repeat(width, depth - 2)) if depth >= 2 else ()
+    return level_node_count(widths, limit)
 
 
 def max_tree_depth(
@@ -120,12 +171,20 @@ class SamplerConfig:
         leaf that leaves the main branch at exactly one level, so a pass won by such a side leaf
         runs on into the chain (0: the chain hangs off the main branch only, and a side-branch win
         ends the pass after the tree). Cut so the side chains add at most MAX_TREE_NODES nodes
-        (`side_chain_len`); the default tree with 16 adds 160 nodes per pass.
+        (`tree`); the default tree with 16 adds 160 nodes per pass.
     tree_chain_width: candidates at every chain position past the tree's levels (1: the chain's
         draft only, the default). Candidates 1 .. W - 1 of a position's draw sit beside its
         draft as leaves, so a pass whose chain draft is rejected still commits the token after
         the position when a sibling holds the verified token. Adds (W - 1) x (L - D + 1) nodes
         per pass; needs a fixed window (at most MAX_CHAIN_SIBLING_NODES sibling nodes).
+    node_budget: B, the nodes one pass may carry (its rows beyond the root; with CFG each node
+        is two rows of the forward), None (the tree knobs above) or "auto". With a budget, every
+        pass spends its B nodes where the acceptance measured so far in the run says they are
+        worth most: the main chain's length (at most `window`; "auto": at most B), the
+        candidates at each position, and the branches behind them (engine/budget.py); the tree
+        knobs are not used. "auto" also picks B every pass, up to 256, for the most tokens per
+        second on this hardware (the forward cost measured as for window="auto"; eager only).
+        sjd_pac with Proactive Drafting only.
     adaptive_continuation, proactive_drafting: switch AC and PD separately (sjd_pac only), so
         the paper's ablation SJD / +PD / +AC / +PD+AC is one flag each.
     verify: "gumbel" (the default; seed-exact: every method gives the same tokens as plain AR for
@@ -148,6 +207,7 @@ class SamplerConfig:
     tree_first_width: Optional[int] = 8
     tree_side_chain: int = 0
     tree_chain_width: int = 1
+    node_budget: Union[None, int, str] = None
     adaptive_continuation: bool = True
     proactive_drafting: bool = True
     verify: VerifyRule = "gumbel"
@@ -234,11 +294,30 @@ class SamplerConfig:
                     f"more than {MAX_TREE_NODES} nodes (the cost grows as K^(D-1)); with K = "
                     f"{self.tree_width} use D <= {max_tree_depth(self.tree_width, first_width=first)}."
                 )
-        if self.chain_sibling_nodes > MAX_CHAIN_SIBLING_NODES:
+        if self.node_budget is not None:
+            if self.node_budget != "auto" and not (
+                    isinstance(self.node_budget, int) and 1 <= self.node_budget <= MAX_NODE_BUDGET):
+                raise ConfigError(
+                    f"node_budget must be None, an integer from 1 to {MAX_NODE_BUDGET} or 'auto', got "
+                    f"{self.node_budget!r}; try 128 (nodes per pass)."
+                )
+            if self.node_budget == "auto" and self.compile:
+                raise ConfigError(
+                    "node_budget='auto' picks a pass size every pass, which a compiled run cannot follow; "
+                    "give a number such as 128 with compile=True, or set compile=False."
+                )
+            if not self.use_pd:
+                raise ConfigError(
+                    "node_budget spends a pass's nodes on Proactive Drafting's tree; use method='sjd_pac' with "
+                    "proactive_drafting=True and tree_depth >= 2, or node_budget=None."
+                )
+        siblings = self.tree.chain_siblings(self.window_size) if self.use_pd else 0
+        if siblings > MAX_CHAIN_SIBLING_NODES:
+            positions = self.window_size - len(self.tree.widths)
             raise ConfigError(
                 f"tree_chain_width = {self.tree_chain_width} at window L = {self.window} adds "
-                f"{self.chain_sibling_nodes} sibling nodes per pass, above the limit of {MAX_CHAIN_SIBLING_NODES}; "
-                f"use tree_chain_width <= {max(1, 1 + MAX_CHAIN_SIBLING_NODES // max(1, self.chain_positions))} "
+                f"{siblings} sibling nodes per pass, above the limit of {MAX_CHAIN_SIBLING_NODES}; "
+                f"use tree_chain_width <= {max(1, 1 + MAX_CHAIN_SIBLING_NODES // max(1, positions))} "
                 "or a shorter window."
             )
         if self.temperature is None or not self.temperature > 0:
@@ -271,39 +350,27 @@ class SamplerConfig:
         return 0 if self.method == "ar" or self.window == "auto" else self.window
 
     @property
-    def tree_widths(self) -> Tuple[int, ...]:
-        """Candidates at each of the D - 1 PD levels."""
-        if self.tree_depth < 2:
-            return ()
-        first = self.tree_first_width or self.tree_width
-        return (first,) + (self.tree_width,) * (self.tree_depth - 2)
-
-    @property
-    def side_chain_len(self) -> int:
-        """The side chains' length: tree_side_chain, cut so they add at most MAX_TREE_NODES nodes."""
-        leaves = sum(w - 1 for w in self.tree_widths)
-        if not self.use_pd or leaves == 0:
-            return 0
-        return min(self.tree_side_chain, MAX_TREE_NODES // leaves)
-
-    @property
-    def chain_positions(self) -> int:
-        """Window positions past the tree's levels (where chain siblings go)."""
-        return max(self.window_size - len(self.tree_widths), 0)
-
-    @property
-    def chain_sibling_nodes(self) -> int:
-        """Nodes the chain siblings add to a full window's pass (tree_chain_width)."""
-        if not self.use_pd:
-            return 0
-        return (self.tree_chain_width - 1) * self.chain_positions
+    def tree(self) -> TreeLevels:
+        """The configured tree (D, widths, side chains, chain width), whether or not the method
+        drafts one; side chains cut so they add at most MAX_TREE_NODES nodes, none without PD."""
+        levels = TreeLevels.of(self.tree_depth, self.tree_width, self.tree_first_width)
+        leaves = levels.side_leaves
+        side_chain = min(self.tree_side_chain, MAX_TREE_NODES // leaves) if self.use_pd and leaves else 0
+        return TreeLevels(levels.widths, side_chain, self.tree_chain_width)
 
     @property
     def tree_side_nodes(self) -> int:
-        """Nodes a full PD tree adds beyond the main branch (side chains and chain siblings too)."""
-        if not self.use_pd:
-            return 0
-        return tree_side_nodes(self.tree_widths, self.side_chain_len) + self.chain_sibling_nodes
+        """Nodes a full pass's PD tree adds beyond the main branch (side chains and chain siblings
+        too); 0 without PD."""
+        return self.tree.side_nodes(self.window_size) if self.use_pd else 0
+
+    @property
+    def pass_nodes(self) -> int:
+        """The most nodes one pass may carry beyond its root (the budget, else the window and
+        the tree's side nodes)."""
+        if self.node_budget is not None:
+            return MAX_AUTO_BUDGET if self.node_budget == "auto" else self.node_budget
+        return self.window_size + self.tree_side_nodes
 
     @property
     def use_ac(self) -> bool:
@@ -389,6 +456,12 @@ def coerced_fields(config: SamplerConfig) -> Dict[str, Any]:
             out[name] = _as_int(name, value)
         elif kind in _FLOAT_FIELDS:
             out[name] = _as_float(name, value)
+        elif name == "node_budget" and value is not None and not (isinstance(value, str) and value == "auto"):
+            if _is_bool(value) or not isinstance(value, numbers.Integral):
+                raise ConfigError(
+                    f"node_budget must be None, a whole number or 'auto', got {_kind(value)}; try 128."
+                )
+            out[name] = int(value)
         elif name == "window" and not (isinstance(value, str) and value == "auto"):
             if _is_bool(value) or not isinstance(value, numbers.Integral):
                 raise ConfigError(

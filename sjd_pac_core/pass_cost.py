@@ -28,23 +28,25 @@ REPEATS = 5  # the fastest of 5 passes of each size counts: a busy machine slows
 
 
 def pass_nodes(config: SamplerConfig) -> int:
-    """Tokens the largest pass of a fixed-window run scores: the root, L drafts, the tree's side nodes."""
-    return 1 + config.window_size + config.tree_side_nodes
+    """Tokens the largest pass of a fixed-window run scores: the root, then L drafts and the tree's
+    side nodes, or the node budget."""
+    return 1 + config.pass_nodes
 
 
 def slower_than_ar(config: SamplerConfig, cost: CostCurve, device: str = "this device") -> Optional[str]:
     """One sentence when a pass of `config`'s shape costs more one-token passes than any run has
     committed tokens per pass (so the run is expected to be slower than AR); None otherwise."""
-    if config.method == "ar" or config.auto_window:
-        return None  # AR is AR; window="auto" chooses L (and the tree) from this very curve
+    if config.method == "ar" or config.auto_window or config.node_budget == "auto":
+        return None  # AR is AR; window="auto" chooses L (and the tree) from this very curve, as a budget "auto" B
     nodes = pass_nodes(config)
     ratio = cost(nodes) / max(cost(1), 1e-12)
     if ratio <= MOST_TOKENS_PER_PASS or ratio > nodes:
         return None  # cheap enough; or dearer than `nodes` separate passes, which is timer noise (a busy machine)
     tree = f" and a {config.tree_side_nodes}-node tree" if config.tree_side_nodes else ""
-    return (f"A pass of L = {config.window}{tree} ({nodes} tokens) costs about {ratio:.0f} one-token passes on "
+    shape = f"node budget {config.node_budget}" if config.node_budget is not None else f"L = {config.window}{tree}"
+    return (f"A pass of {shape} ({nodes} tokens) costs about {ratio:.0f} one-token passes on "
             f"{device}, more than the {MOST_TOKENS_PER_PASS:g} tokens per pass any setting has reached, so this "
-            "run is expected to be slower than AR; use a smaller L, D or K, or L = 'auto'.")
+            "run is expected to be slower than AR; use a smaller L, D, K or node budget, or L = 'auto'.")
 
 
 def cost_curve(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig,
@@ -70,7 +72,8 @@ def cost_curve(model: ARImageModel, encoding: PromptEncoding, config: SamplerCon
 
 def slow_shape_warning(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig) -> Optional[str]:
     """`slower_than_ar` for a run about to start (measuring the curve if needed)."""
-    if config.method == "ar" or config.auto_window or pass_nodes(config) <= MOST_TOKENS_PER_PASS:
+    if (config.method == "ar" or config.auto_window or config.node_budget == "auto"
+            or pass_nodes(config) <= MOST_TOKENS_PER_PASS):
         return None  # nothing to measure: a pass of that few tokens costs at most that many passes
     device = "the GPU" if model.device.type == "cuda" else ("the Mac's GPU" if model.device.type == "mps"
                                                           else "this CPU")

@@ -36,6 +36,7 @@ LABELS: Dict[str, str] = {
     "tree_first_width": "tree first width",
     "tree_side_chain": "tree side chain",
     "tree_chain_width": "tree chain width",
+    "node_budget": "node budget",
     "adaptive_continuation": "adaptive continuation",
     "proactive_drafting": "proactive drafting",
     "verify": "verify",
@@ -93,6 +94,17 @@ def window_value(value: object) -> Union[int, str]:
     return whole_number(value, LABELS["window"], "32, 64 or 'auto'")
 
 
+def node_budget_value(value: object) -> Union[None, int, str]:
+    """The node budget B: nodes per pass, 'auto', or 0 (None: no budget, the window and tree knobs)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    label = LABELS["node_budget"]
+    budget = whole_number(value, label, "128 nodes per pass, 'auto', or 0 (off)")
+    if budget < 0:  # SamplerConfig's own message speaks of None, which no UI can enter
+        raise ConfigError(f"{label} must be 0 (off), 'auto' or a number of nodes, got {budget}; try 128.")
+    return None if budget == 0 else budget
+
+
 def seed_value(value: object) -> Optional[int]:
     """A seed as a UI enters it (text, a whole float) -> None (a random seed) or the seed, checked
     by sampling/seeds.py's rule; nothing is drawn here."""
@@ -111,6 +123,7 @@ def config_from_settings(
     tree_side_chain: object = None,
     tree_first_width: object = None,
     tree_chain_width: object = None,
+    node_budget: object = None,
     verify: Optional[str] = None,
     cfg_scale: object = None,
     temperature: object = None,
@@ -148,6 +161,8 @@ def config_from_settings(
     if not _empty(tree_chain_width):
         values["tree_chain_width"] = whole_number(tree_chain_width, LABELS["tree_chain_width"],
                                                   "3 (1 = off, the default)")
+    if not _empty(node_budget):
+        values["node_budget"] = node_budget_value(node_budget)
     if not _empty(cfg_scale):
         values["cfg_scale"] = real_number(cfg_scale, LABELS["cfg_scale"], "2 (1 = off)")
     if not _empty(temperature):
@@ -206,7 +221,7 @@ def window_one_note(config: SamplerConfig) -> str:
     text = (f"window L = 1 verifies one draft per forward pass, so {config.method} commits at most 2 tokens "
             "per pass (AR: 1)")
     if config.use_pd:
-        text += (f"; the drafting tree's {config.tree_widths[0]} candidates raise the chance that the one draft "
+        text += (f"; the drafting tree's {config.tree.widths[0]} candidates raise the chance that the one draft "
                  "is accepted")
         if config.tree_depth > 2:
             text += f", and its levels past the first (D = {config.tree_depth}) go unused"
@@ -223,7 +238,9 @@ def settings_line(config: SamplerConfig, threads: Optional[int] = None) -> str:
     parts = [part("method", config.method)]
     if config.method != "ar":
         parts.append(part("window", config.window))
-    if config.use_pd:
+    if config.node_budget is not None:
+        parts.append(part("node_budget", config.node_budget))
+    elif config.use_pd:
         parts += [part("tree_depth", config.tree_depth), part("tree_width", config.tree_width)]
         if config.tree_first_width is not None and config.tree_depth > 1:
             parts.append(part("tree_first_width", config.tree_first_width))

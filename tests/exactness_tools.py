@@ -623,6 +623,24 @@ def _side_chain_main_context(original):
     return faulty
 
 
+def _branch_behind_side_main_context(original):
+    def faulty(shape):
+        # A branch behind a side candidate (any depth, as a budget tree grows them) verified as
+        # if the main chain's draft stood where the side candidate does: every node below a side
+        # node attends to the main branch's node of that depth instead of the side node.
+        layout = original(shape)
+        main, depths, slots = layout.main_nodes, layout.node_depths, layout.node_slots
+        attend = layout.attend.clone()
+        changed = False
+        for u in range(1, layout.num_nodes):
+            for a in layout.ancestors_path(u)[:-1]:
+                if slots[a] > 0 and depths[a] < len(main):
+                    attend[u, a], attend[u, main[depths[a]]] = False, True
+                    changed = True
+        return dataclasses.replace(layout, attend=attend) if changed else layout
+    return faulty
+
+
 def _uniform_chain_siblings(original):
     def faulty(self, q, first, k, positions):
         # Chain siblings drawn uniformly but verified as a draw from q without replacement.
@@ -716,6 +734,7 @@ FAULTS = {
     "padding_columns_unmasked": ("sjd_pac_core.sampling.tree", "tree_attention_mask", _padding_unmasked),
     "auto_window_always_1": ("sjd_pac_core.engine.window", "AutoWindow.next_window", _always_window_1),
     "side_chain_main_context": ("sjd_pac_core.sampling.tree", "tree_layout", _side_chain_main_context),
+    "branch_behind_side_main_context": ("sjd_pac_core.sampling.tree", "tree_layout", _branch_behind_side_main_context),
     "chain_siblings_uniform": ("sjd_pac_core.sampling.rules", "RejectionRule.chain_candidates", _uniform_chain_siblings),
     "all_slots_valid": ("sjd_pac_core.sampling.verify", "candidate_validity", _all_slots_valid),
     "uncond_row_deep_positions": ("sjd_pac_core.sampling.tree", "tree_position_ids", _uncond_row_deep_positions),

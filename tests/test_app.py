@@ -111,7 +111,7 @@ def settings_for(**changes) -> runner.RunSettings:
     values = dict(prompt=PROMPT, negative_prompt="", resolution=None, seed=0, method="sjd", verify="gumbel",
                   cfg_scale=3.0, temperature=1.0, top_k=0, top_p=1.0, window=16.0, tree_depth=3, tree_width=4)
     values.update(changes)
-    return run_settings(sp.FamilyDefaults(resolutions=("64x64",), cfg_scale=2.0, window=32), **values)
+    return run_settings(sp.FamilyDefaults(resolutions=("64x64",), sampler=dict(cfg_scale=2.0, window=32)), **values)
 
 
 def test_settings_map_to_a_validated_config():

@@ -99,7 +99,7 @@ def test_drafting_variants_match_the_exact_joint(tiny, name):
 def test_config_picks_the_drafter_and_its_tree_shape():
     every = drafters.make_drafter(sp.SamplerConfig())  # the defaults: every pass, 8 then K
     assert isinstance(every, drafters.EveryPassTreeDrafter)
-    assert every.widths == (8, 4) and every.max_side_nodes == 7 + 31  # no side chains by default
+    assert every.tree.widths == (8, 4) and every.max_side_nodes == 7 + 31  # no side chains by default
     after = drafters.make_drafter(sp.SamplerConfig(tree_every_pass=False, tree_first_width=None, tree_side_chain=0))
     assert type(after) is drafters.PACDrafter and after.max_side_nodes == 3 + 15
     with pytest.raises(sp.ConfigError, match="tree_first_width"):
@@ -114,14 +114,14 @@ def test_chain_width_shape_config_and_limits():
     assert shape.num_nodes == 1 + 2 + 3 + 6 and tree_layout(shape).main_nodes == (0, 1, 3, 4, 5)
     assert level_tree_shape((2,), 3) == level_tree_shape((2,), 3, chain_width=1)  # off: the old shape
     config = sp.SamplerConfig(window=64, tree_chain_width=2)  # the default tree (8 then 4) + 62 siblings
-    assert config.chain_sibling_nodes == 62 and config.tree_side_nodes == 38 + 62
+    assert config.tree.chain_siblings(64) == 62 and config.tree_side_nodes == 38 + 62
     drafter = drafters.make_drafter(config)
-    assert drafter.chain_width == 2 and drafter.max_side_nodes == 38 + 62
+    assert drafter.tree.chain_width == 2 and drafter.max_side_nodes == 38 + 62
     assert sp.SamplerConfig(method="sjd", tree_chain_width=3).tree_side_nodes == 0  # no tree, no siblings
     with pytest.raises(sp.ConfigError, match="needs a fixed window"):
         sp.SamplerConfig(window="auto", tree_chain_width=2)
     wide = sp.SamplerConfig(window=64, tree_depth=2, tree_first_width=64, tree_chain_width=12)
-    assert wide.chain_sibling_nodes == 11 * 63 <= MAX_CHAIN_SIBLING_NODES  # 6x on the demo (README)
+    assert wide.tree.chain_siblings(64) == 11 * 63 <= MAX_CHAIN_SIBLING_NODES  # 6x on the demo (README)
     with pytest.raises(sp.ConfigError, match="above the limit of 1024; use tree_chain_width <= 2 or"):
         sp.SamplerConfig(window=600, tree_chain_width=3)
     with pytest.raises(sp.ConfigError, match="tree_chain_width must be an integer >= 1"):
@@ -148,7 +148,7 @@ class _GreedyFirstDraft(drafters.EveryPassTreeDrafter):
 
 
 def greedy_first_drafter(config):
-    return _GreedyFirstDraft(True, True, config.tree_depth, config.tree_width, config.tree_widths)
+    return _GreedyFirstDraft(True, True, config.tree)
 
 
 GREEDY_CONFIG = RejectionConfig(window=3, tree_width=2, tree_every_pass=True, tree_first_width=None)
@@ -292,5 +292,5 @@ def test_side_chain_layout_and_config():
     assert drafter.max_side_nodes == 38 + 10 * 4 == sp.SamplerConfig(tree_side_chain=4).tree_side_nodes
     with pytest.raises(sp.ConfigError, match="tree_side_chain"):
         sp.SamplerConfig(tree_side_chain=-1)
-    assert sp.SamplerConfig(tree_side_chain=30).side_chain_len == 25  # cut to 256 side-chain nodes
+    assert sp.SamplerConfig(tree_side_chain=30).tree.side_chain == 25  # cut to 256 side-chain nodes
     assert sp.SamplerConfig(tree_depth=2, tree_first_width=256, tree_side_chain=16).tree_side_nodes == 255 + 255  # 1 each

@@ -14,6 +14,7 @@ import torch
 
 import sjd_pac_core as sp
 from exactness_tools import seed_exact_lm
+from sjd_pac_core.config import TreeLevels
 from sjd_pac_core.engine import drafters
 from sjd_pac_core.models import causal_lm
 from sjd_pac_core.models.causal_lm import CausalLMAdapter
@@ -39,7 +40,8 @@ HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__",
     dict(method="ar"),
     dict(method="sjd", window=8),
     dict(method="sjd_pac", window=16, tree_width=3),
-], ids=["ar", "sjd", "sjd_pac"])
+    dict(method="sjd_pac", window=16, node_budget=24),
+], ids=["ar", "sjd", "sjd_pac", "sjd_pac_budget"])
 def test_one_host_sync_per_pass(lm, monkeypatch, verify, variant):
     """Counts every read of a tensor value on the host between two passes' callbacks. On the
     CPU every tensor is a host tensor, so this also counts reads that would not sync a GPU:
@@ -194,14 +196,14 @@ class TreeEveryPassDrafter(drafters.PACDrafter):
     """A drafter that differs from the built-in ones: a PD tree after every pass."""
 
     def next_tree(self, ctx, report, window):
-        return self.shaped_tree(ctx, window, report.num_committed, (self.width,) * (self.depth - 1))
+        return self.shaped_tree(ctx, window, report.num_committed, self.tree.widths)
 
 
 def test_a_new_drafter_plugs_in_without_touching_the_loop(lm, monkeypatch):
     common = dict(verify="gumbel", cfg_scale=2.0, top_k=40)
     ar = sp.sample_tokens(lm, PROMPT, NUM_TOKENS, config=sp.SamplerConfig(method="ar", **common),
                           seed=5, uncond_prompt_ids=UNCOND)
-    monkeypatch.setattr(drafters, "make_drafter", lambda config: TreeEveryPassDrafter(True, True, 3, 3))
+    monkeypatch.setattr(drafters, "make_drafter", lambda config: TreeEveryPassDrafter(True, True, TreeLevels.of(3, 3)))
     out = sp.sample_tokens(lm, PROMPT, NUM_TOKENS, config=sp.SamplerConfig(window=16, **common),
                            seed=5, uncond_prompt_ids=UNCOND)
     assert torch.equal(out.tokens, ar.tokens)

@@ -14,7 +14,7 @@ from sjd_pac_core.sampling import seeds
 from sjd_pac_core.settings import LABELS, config_from_settings, flag, seed_value, whole_number
 from sjd_pac_core.threads import threads_for, torch_threads
 
-DEMO_LIKE = FamilyDefaults(resolutions=("64x64",), cfg_scale=2.0, temperature=0.8, window=32)
+DEMO_LIKE = FamilyDefaults(resolutions=("64x64",), sampler=dict(cfg_scale=2.0, temperature=0.8, window=32))
 
 
 def test_empty_settings_take_the_family_defaults():
@@ -146,14 +146,14 @@ def test_tree_first_width_setting_and_cli_flag():
     from sjd_pac_core import cli
 
     assert config_from_settings(DEMO_LIKE, tree_first_width="16").tree_first_width == 16
-    assert config_from_settings(DEMO_LIKE, tree_first_width=0).tree_widths == (4, 4)
+    assert config_from_settings(DEMO_LIKE, tree_first_width=0).tree.widths == (4, 4)
     assert config_from_settings(DEMO_LIKE).tree_first_width == 8
     with pytest.raises(sp.ConfigError, match="first"):
         config_from_settings(DEMO_LIKE, tree_first_width="2.5")
     with pytest.raises(sp.ConfigError, match="0 .K at every level. or more"):
         config_from_settings(DEMO_LIKE, tree_first_width=-3)
     args = cli.build_parser().parse_args(["generate", "a red circle", "-D", "2", "-K", "4", "--tree-first-width", "0"])
-    assert cli._config_from_args(args, DEMO_LIKE).tree_widths == (4,)
+    assert cli._config_from_args(args, DEMO_LIKE).tree.widths == (4,)
 
 
 @pytest.mark.parametrize("field,value,fix", [("top_k", -2, "top_k must be 0 (off) or more"),

@@ -28,7 +28,7 @@ from .. import arguments
 from ..settings import config_from_settings
 from .lossless import DEFAULT_CONTROL_TEMPERATURE
 from .methods import (DEFAULT_METHODS, PRESETS, RULE_VARIANTS, RULE_WINDOWS, MethodSpec, parse_methods,
-                      parse_seeds, rule_grid, with_rules)
+                      parse_seeds, rule_grid, with_budgets, with_rules)
 from .report import keep_all
 from .runner import load_prompts
 
@@ -54,9 +54,13 @@ def _common_args(p: argparse.ArgumentParser) -> None:
                         "generate / generate-static are transformers' generate with our recipe in a logits "
                         "processor; ':gumbel' / ':rejection' fixes a row's rule, ':compile' compiles it, "
                         "':d2:k4:f8:s16' sets a tree's depth, width, first-level width (f0: uniform) and side "
-                        "chain (s0: none)")
+                        "chain (s0: none), ':b128' a node budget per pass")
     p.add_argument("--rules", type=arguments.nonempty("rules", "rejection,gumbel"), default=None,
                    help="run every method without its own rule under each of these (rejection,gumbel)")
+    p.add_argument("--budgets", type=arguments.budget_list, default=None,
+                   help="node-budget axis: every sjd-pac row without its own ':bB' once per budget, nodes per "
+                        "pass (with CFG each node is two rows): e.g. none,32,64,128,256 (none: the row's own "
+                        "window and tree; auto: chosen per pass from the measured cost curve)")
     p.add_argument("--variants", type=arguments.nonempty("variants", "sjd,sjd-pac"), default=None,
                    help=f"rule grid: these variants x --windows x --rules, plus AR (default {','.join(RULE_VARIANTS)})")
     p.add_argument("--windows", type=arguments.nonempty("windows", "16,32"), default=None,
@@ -123,6 +127,9 @@ def _grid_from_args(args, default: str) -> List[MethodSpec]:
 
 
 def _grid_before_compile(args, default: str) -> List[MethodSpec]:
+    if getattr(args, "node_budget", None) is not None:
+        raise ValueError("In bench a node budget is a row's own: write --budgets 32,64,128 (every sjd-pac row "
+                         "once per budget) or a method such as sjd-pac@64:b128, not --node-budget.")
     rules = _split(getattr(args, "rules", None))
     bad = sorted(set(rules) - {"rejection", "gumbel"})
     if bad:
@@ -132,7 +139,7 @@ def _grid_before_compile(args, default: str) -> List[MethodSpec]:
         if args.methods and args.methods.strip().lower() != "rules":
             raise ValueError("Give the grid either with --methods or with --variants/--windows, not both.")
         return rule_grid(variants or RULE_VARIANTS, windows or RULE_WINDOWS, rules or ("rejection", "gumbel"))
-    specs = _grid_single_or_list(args, default)
+    specs = with_budgets(_grid_single_or_list(args, default), getattr(args, "budgets", None) or ())
     return with_rules(specs, rules) if rules else specs
 
 

@@ -23,6 +23,11 @@ Three parts, written to gpu_bench.json and gpu_bench.md in --out:
    interleaved rounds, step compression, and whether SJD-PAC's tokens equal AR's.
 4. **The demo rows** (`sjd-pac bench --methods baselines`: transformers' generate with dynamic /
    static / static + compiled cache, our AR, SJD and SJD-PAC eager and compiled) on the device.
+4. **Node budgets** (`--budgets`, default 32,64,128,256 nodes per pass): a pass of 1 + B nodes
+   (two rows each with CFG) against a one-token pass, timed as in part 1, and the budget
+   drafter's sampler overhead per pass (`sjd-pac@64:bB` and `:bauto`, as in part 2). With the
+   step compression the demo model counts at each budget (docs/benchmark.md, "Drafting within a
+   node budget"), tokens per second = step compression / seconds per pass.
 
 `--tiny` shrinks every shape (hidden 64, 2 layers, short contexts, L = 1..8) so the whole
 script runs on a CPU in seconds; its numbers mean nothing, it proves the script runs.
@@ -177,6 +182,26 @@ def _environment(device: torch.device) -> Dict[str, object]:
     return env
 
 
+def budget_report(part: Dict[str, object]) -> List[str]:
+    """The node-budget table: a pass's cost at each budget and the budget drafter's overhead."""
+    curve = part["curve"]
+    overhead = {row["method"].rpartition(":b")[2]: row for row in part["overhead"]}
+    lines = ["", f"Node budgets (context {curve['context']}, two rows per node with CFG):", "",
+             "| budget B (nodes per pass) | pass of 1 + B nodes, ms | vs a one-token pass | "
+             "budget drafter: forward ms/pass | overhead ms/pass |", "|---|---|---|---|---|"]
+    for size, ms in curve["ms"].items():
+        budget = int(size) - 1
+        if budget < 1:
+            continue
+        row = overhead.get(str(budget))
+        drafter = f"{row['forward_ms_per_pass']:.2f} | {row['overhead_ms_per_pass']:.2f}" if row else "- | -"
+        lines.append(f"| {budget} | {ms:.2f} | {curve['ratio'][size]:.2f} | {drafter} |")
+    if "auto" in overhead:
+        row = overhead["auto"]
+        lines.append(f"| auto (per pass) | - | - | {row['forward_ms_per_pass']:.2f} | {row['overhead_ms_per_pass']:.2f} |")
+    return lines
+
+
 def markdown_report(result: Dict[str, object]) -> str:
     lines = [f"# GPU benchmark ({result['environment'].get('gpu') or result['environment']['device']}, "
              f"{result['dtype']}, torch {result['environment']['torch']}, {result['environment']['date_utc']})", ""]
@@ -204,6 +229,8 @@ def markdown_report(result: Dict[str, object]) -> str:
         if shape["overhead"] and shape["overhead"][0].get("kv_bytes_per_token"):
             lines.append(f"\nOne token's keys and values (all layers, CFG rows): "
                          f"{shape['overhead'][0]['kv_bytes_per_token'] / 1024:.0f} KB.")
+        if shape.get("budgets"):
+            lines += budget_report(shape["budgets"])
         lines.append("")
     if result.get("quantized"):
         lines += [result["quantized"]["markdown"], ""]
@@ -227,6 +254,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--overhead-tokens", type=arguments.whole(1, 1_000_000), default=None, help="image tokens per overhead run (256; tiny 8)")
     p.add_argument("--overhead-methods", default="ar,sjd@32,sjd-pac@32,sjd-pac@64,sjd-pac@64:gumbel")
     p.add_argument("--compile", action="store_true", help="add compiled rows (SamplerConfig(compile=True))")
+    p.add_argument("--budgets", type=arguments.budget_list, default=None,
+                   help="node budgets to time, comma-separated (default 32,64,128,256; tiny: none); 'none' skips")
     p.add_argument("--demo-methods", default=None,
                    help="demo rows (default: the baselines preset; tiny: ar,generate,sjd-pac@16)")
     p.add_argument("--demo-prompts", type=arguments.whole(1, 100_000), default=None, help="demo prompts (default 20; tiny 1)")
@@ -259,6 +288,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fractions = [float(f) for f in args.context_fractions.split(",")]
     overhead_tokens = args.overhead_tokens or (8 if args.tiny else 256)
     overhead_methods = [m for m in args.overhead_methods.split(",") if m]
+    chosen = args.budgets if args.budgets is not None else ([] if args.tiny else [32, 64, 128, 256])
+    budgets = [b for b in chosen if isinstance(b, int)]  # none skips the part; auto runs with any budget
+    budget_methods = [f"sjd-pac@64:b{b}" for b in budgets] + (["sjd-pac@64:bauto"] if budgets else [])
     if args.compile:
         overhead_methods += [f"{m}:compile" for m in overhead_methods if ":compile" not in m]
     out = Path(args.out)
@@ -281,7 +313,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             overhead = sampler_overhead(model, shape, overhead_methods, overhead_tokens, cfg_scale=3.0, device=device)
-        result["shapes"].append({"shape": asdict(shape), "curves": curves, "overhead": overhead})
+        budget_part = None
+        if budgets:
+            print(f"  node budgets: passes of 1 + {', '.join(map(str, budgets))} nodes", flush=True)
+            sizes = [1] + [1 + b for b in budgets]
+            context = shape.prompt_tokens + max(1, shape.image_tokens - max(sizes))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                budget_part = {"curve": window_cost_curve(model, shape, sizes, context, rows=2, rounds=rounds,
+                                                          device=device),
+                               "overhead": sampler_overhead(model, shape, budget_methods, overhead_tokens,
+                                                            cfg_scale=3.0, device=device)}
+        result["shapes"].append({"shape": asdict(shape), "curves": curves, "overhead": overhead,
+                                 "budgets": budget_part})
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()

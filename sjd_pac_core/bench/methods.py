@@ -1,11 +1,12 @@
 """The benchmark's grid: which methods run, written as a small grammar.
 
     ar, sjd@32, sjd+pd@64, sjd+ac@32, sjd-pac@auto, generate, generate-static:compile,
-    sjd-pac@64:gumbel, ar:compile, sjd-pac@32:s0, sjd-pac@32:d2:f8
+    sjd-pac@64:gumbel, ar:compile, sjd-pac@32:s0, sjd-pac@32:d2:f8, sjd-pac@64:b128
 
 A row is a variant (plain AR, SJD, SJD with Proactive Drafting or Adaptive Continuation only,
 SJD-PAC, transformers' generate), a window L, and modifiers: a verification rule, compilation,
-a tree shape (depth, widths, side chain). `MethodSpec.config` turns a row into the SamplerConfig it runs.
+a tree shape (depth, widths, side chain) or a node budget per pass (engine/budget.py chooses the
+tree). `MethodSpec.config` turns a row into the SamplerConfig it runs.
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ AR_VARIANTS = ("ar", "generate", "generate-static")
 GENERATE_VARIANTS = ("generate", "generate-static")
 _RULES = ("rejection", "gumbel")
 _COMPILE = ("compile", "compiled")
-_TREE_MODIFIER = re.compile(r"([dkfs])(\d+)")
+_TREE_MODIFIER = re.compile(r"([dkfs])(\d+)|(b)(\d+|auto)")
 # modifier letter -> (MethodSpec / SamplerConfig field, label); one table for parse, key, label, config
 _TREE_KNOBS = {"d": ("tree_depth", "D"), "k": ("tree_width", "K"), "f": ("tree_first_width", "first K"),
-               "s": ("tree_side_chain", "side chain")}
+               "s": ("tree_side_chain", "side chain"), "b": ("node_budget", "B")}
 
 # Issue 13's honest baselines: transformers' generate (dynamic cache; static cache; static cache +
 # torch.compile), our AR, SJD and SJD-PAC, each eager and compiled (SamplerConfig(compile=True)).
@@ -70,6 +71,7 @@ class MethodSpec:
     tree_width: Optional[int] = None  # :kK
     tree_first_width: Optional[int] = None  # :fF (f0: the first level as wide as the others)
     tree_side_chain: Optional[int] = None  # :sS (s0: no side chains, fewer nodes per pass)
+    node_budget: Union[int, str, None] = None  # :bB, :bauto (nodes per pass; the window L caps the chain)
 
     def _tree_knobs(self) -> List[Tuple[str, str, str, int]]:
         """(modifier letter, field, label, value) of every tree knob this row sets."""
@@ -89,7 +91,10 @@ class MethodSpec:
     def label(self) -> str:
         name = _VARIANTS[self.variant][3]
         name = name if self.window is None else f"{name} L={self.window}"
-        tree = ", ".join(f"{label}={value}" for _, _, label, value in self._tree_knobs())
+        knobs = self._tree_knobs()
+        if self.node_budget is not None:  # a budget chooses the tree: the shape knobs do not apply
+            knobs = [knob for knob in knobs if knob[1] == "node_budget"]
+        tree = ", ".join(f"{label}={value}" for _, _, label, value in knobs)
         return (name + (f", {self.verify}" if self.verify else "") + (", compiled" if self.compiled else "")
                 + (f", {tree}" if tree else ""))
 
@@ -122,7 +127,8 @@ def parse_method(text: str) -> MethodSpec:
     'sjd-pac@64:gumbel', 'ar:compile', 'sjd-pac@32:s0' -> MethodSpec. Modifiers after ':' are
     a verification rule (rejection, gumbel), compile and a tree shape: dD (depth), kK (width), fF
     (first level's width; f0 = as wide as the others), sS (side chain; s0 = none), e.g.
-    'sjd-pac@32:d2:f8'."""
+    'sjd-pac@32:d2:f8', or a node budget bB / bauto (nodes per pass; the window L then caps the
+    main chain), e.g. 'sjd-pac@64:b128'."""
     head, *modifiers = text.strip().lower().split(":")
     name, _, window = head.partition("@")
     name = _ALIASES.get(name, name)
@@ -135,18 +141,19 @@ def parse_method(text: str) -> MethodSpec:
     tree: dict = {}
     for modifier in modifiers:
         shape = _TREE_MODIFIER.fullmatch(modifier)
-        if shape and _TREE_KNOBS[shape.group(1)][0] not in tree:
-            tree[_TREE_KNOBS[shape.group(1)][0]] = int(shape.group(2))
+        letter, value = (shape.group(1) or shape.group(3), shape.group(2) or shape.group(4)) if shape else ("", "")
+        if shape and _TREE_KNOBS[letter][0] not in tree:
+            tree[_TREE_KNOBS[letter][0]] = value if value == "auto" else int(value)
         elif modifier in _RULES and verify is None:
             verify = modifier
         elif modifier in _COMPILE and not compiled:
             compiled = True
         else:
             raise ValueError(f"Modifier {modifier!r} in {text!r}: use at most one of :rejection / :gumbel, "
-                             ":compile, and a tree shape :dD / :kK / :fF / :sS.")
+                             ":compile, a tree shape :dD / :kK / :fF / :sS and a node budget :bB / :bauto.")
     if tree and name not in ("sjd+pd", "sjd-pac"):
-        raise ValueError(f"{text!r}: a tree shape (:d / :k / :f / :s) needs a method with a tree, sjd+pd or "
-                         "sjd-pac.")
+        raise ValueError(f"{text!r}: a tree shape or budget (:d / :k / :f / :s / :b) needs a method with a tree, "
+                         "sjd+pd or sjd-pac.")
     if name == "generate" and compiled:
         raise ValueError(f"{text!r}: transformers compiles generate only with a static cache; write "
                          "generate-static:compile.")
@@ -200,6 +207,17 @@ def with_rules(specs: Sequence[MethodSpec], rules: Sequence[str]) -> List[Method
         raise ValueError(f"--rules repeats a method already given with its rule: {','.join(keys)}.")
     return out
 
+
+def with_budgets(specs: Sequence[MethodSpec], budgets: Sequence[Union[int, str, None]]) -> List[MethodSpec]:
+    """The node-budget axis: every SJD-PAC row without its own budget, once per budget of
+    `budgets` (nodes per pass, "auto", or None: the row as it is; arguments.budget_list)."""
+    out: List[MethodSpec] = []
+    for spec in specs:
+        if not budgets or spec.variant != "sjd-pac" or spec.node_budget is not None:
+            out.append(spec)
+        else:
+            out.extend(replace(spec, node_budget=value) for value in budgets)
+    return out
 
 def method_label(key: str) -> str:
     """A row's human label ('SJD-PAC L=32, gumbel'), or the key itself if it is not a method."""

@@ -20,53 +20,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
-from ..config import SamplerConfig, tree_side_nodes
+from ..config import SamplerConfig, TreeLevels
 from ..sampling.drafting import initial_proposals
 from ..sampling.recipe import SamplingRecipe
-from ..sampling.tree import TreeShape, chain_shape, level_tree_shape, one_deviation_leaves
-from .state import DraftWindow
+from ..sampling.tree import TreeShape, level_tree_shape, one_deviation_leaves, tree_layout
+from .budget import (MAX_SLOTS, AcceptanceTable, DecayedMean, after_deviation, best_tree,
+                     chain_floor, fastest_budget, position_classes)
+from .draft import Draft, DraftWindow, TreeDraft
 from .verdict import Decisions, PassOutcome, StaleRows, Verdict
-
-
-@dataclass(frozen=True)
-class TreeDraft:
-    """Candidates for the first `levels` window positions, and the tree the pass feeds.
-
-    candidates: long [levels, K]; row d is the draw for window position d (column 0 is the
-    window's own draft). valid: bool [levels, K]; False marks padding slots (q had fewer than K
-    tokens), which are never accepted. shape: the nodes of the pass (any slots of these rows,
-    the window's drafts beyond them on slot 0).
-    """
-
-    candidates: torch.Tensor
-    valid: torch.Tensor
-    shape: TreeShape
-    widths: Tuple[int, ...] = ()  # a level tree's candidates per level (empty for another shape)
-
-    @property
-    def levels(self) -> int:
-        return int(self.candidates.shape[0])
-
-    @property
-    def width(self) -> int:
-        return int(self.candidates.shape[1])
-
-
-@dataclass(frozen=True)
-class Draft:
-    """What the next pass verifies: the window on the main branch and an optional tree."""
-
-    window: DraftWindow
-    tree: Optional[TreeDraft] = None
-    kept_by_ac: int = 0  # drafts carried over unchanged from the last pass (a statistic)
-
-    @property
-    def shape(self) -> TreeShape:
-        return self.tree.shape if self.tree is not None else chain_shape(len(self.window))
 
 
 @dataclass(frozen=True)
@@ -79,6 +44,7 @@ class DraftContext:
     num_tokens: int
     init_proposal: str  # "nearest" or "uniform"
     positions: torch.Tensor  # long arange on the device (slice it with host ints; no sync)
+    committed: torch.Tensor  # long [N] on the device: the run's tokens, [:start] final when drafting from start
 
 
 @dataclass(frozen=True)
@@ -104,6 +70,19 @@ class Drafter(ABC):
     def max_side_nodes(self) -> int:
         """The most tree nodes beyond the main branch one pass may carry (sizes the envelope)."""
         return 0
+
+    @property
+    def node_budget(self) -> Optional[int]:
+        """If set, no pass carries more nodes than this (it sizes the cache); each Draft says
+        what its pass is padded to."""
+        return None
+
+    def use_cost(self, cost: Callable[[int], float]) -> None:
+        """The forward seconds of a pass of n nodes on this hardware (a drafter may price its
+        passes with it); ignored by default."""
+
+    def note_overhead(self, seconds: float) -> None:
+        """A pass's sampler seconds outside the forward; ignored by default."""
 
     @abstractmethod
     def first(self, ctx: DraftContext, logits: torch.Tensor, start: int, target: int) -> Draft:
@@ -194,38 +173,29 @@ class SJDDrafter(Drafter):
 
 class PACDrafter(SJDDrafter):
     """SJD-PAC: Adaptive Continuation keeps every old draft the stale p accepts (else its residual
-    redraw), and Proactive Drafting puts a tree of K candidates on the D - 1 positions after a
-    rejection. Either can be switched off (the paper's ablation). `widths` overrides the
-    per-level candidate counts (e.g. a wider first level). `side_chain` > 0 hangs that many of
-    the chain's drafts also off every leaf that leaves the main branch at exactly one level
-    (tree.one_deviation_leaves), so a side-branch win no longer ends the pass. `chain_width` > 1
-    puts that many candidates at every chain position (siblings of the chain's drafts, as
-    leaves); `max_window` then sizes the envelope (the longest window a pass may carry)."""
+    redraw), and Proactive Drafting puts a tree on the positions after a rejection. Either can be
+    switched off (the paper's ablation). `tree` is the tree in numbers (config.TreeLevels: the
+    level widths, side chains hung off the one-deviation leaves so a side-branch win no longer
+    ends the pass, chain siblings beside the chain's drafts); `max_window`, the longest window a
+    pass may carry, sizes the envelope when the tree has chain siblings."""
 
-    def __init__(self, continuation: bool, proactive: bool, depth: int, width: int,
-                 widths: Optional[Sequence[int]] = None, side_chain: int = 0, chain_width: int = 1,
-                 max_window: int = 0) -> None:
+    def __init__(self, continuation: bool, proactive: bool, tree: TreeLevels, max_window: int = 0) -> None:
         self.continuation = continuation
-        self.proactive = proactive and depth > 1
-        self.depth, self.width = depth, width
-        self.widths = tuple(widths) if widths is not None else (width,) * max(depth - 1, 0)
-        self.side_chain = side_chain if self.proactive else 0
-        self.chain_width = chain_width if self.proactive else 1
+        self.proactive = proactive and bool(tree.widths)
+        self.tree = tree if self.proactive else TreeLevels()
         self.max_window = max_window
 
     @property
     def max_side_nodes(self) -> int:
-        if not self.proactive:
-            return 0
-        siblings = (self.chain_width - 1) * max(self.max_window - len(self.widths), 0)
-        return tree_side_nodes(self.widths) + len(one_deviation_leaves(self.widths)) * self.side_chain + siblings
+        return self.tree.side_nodes(self.max_window) if self.proactive else 0
 
     def make_tree(self, ctx: DraftContext, window: DraftWindow, start: int,
                   widths: Optional[Tuple[int, ...]] = None) -> Optional[TreeDraft]:
         """The level tree on the window's first positions: `widths` (the window policy's choice,
         e.g. a narrower tree on hardware where nodes cost) or the configured ones."""
-        return self.shaped_tree(ctx, window, start, self.widths if widths is None else widths, self.side_chain,
-                                self.chain_width)
+        tree = self.tree
+        return self.shaped_tree(ctx, window, start, tree.widths if widths is None else widths, tree.side_chain,
+                                tree.chain_width)
 
     def continue_window(self, ctx: DraftContext, report: PassReport) -> Tuple[DraftWindow, int]:
         """Adaptive Continuation: the verdict's own draw at each node, which keeps the old draft
@@ -254,10 +224,104 @@ class EveryPassTreeDrafter(PACDrafter):
         return self.make_tree(ctx, window, report.num_committed, report.tree_widths) if self.proactive else None
 
 
+class BudgetDrafter(PACDrafter):
+    """SJD-PAC within a node budget: before every pass, the tree of at most `budget` nodes worth
+    the most by the acceptance this run has seen (engine/budget.py): how long the main chain is
+    (the window the pass feeds), how many candidates each position gets, and which candidates
+    get branches of their own. Adaptive Continuation carries the drafts over, as in PACDrafter;
+    the candidates at a position are one draw without replacement from its q (the rule's), so
+    any shape verifies exactly, and the shape depends only on passes already verified.
+
+    With `cost` (seconds of a pass of n nodes, the auto window's curve measured on this
+    hardware), every pass also picks its budget, up to `budget`, among BUDGET_CHOICES: the one
+    with the most expected tokens per second (`budget.fastest_budget`).
+    """
+
+    def __init__(self, continuation: bool, budget: int, max_width: int = MAX_SLOTS) -> None:
+        super().__init__(continuation, proactive=False, tree=TreeLevels())
+        self.budget = budget
+        self.max_width = max_width
+        self.table = AcceptanceTable(max_width)
+        self.cost: Optional[Callable[[int], float]] = None
+        self.overhead = DecayedMean(0.0, decay=0.8)  # sampler seconds per pass outside the forward
+        self.classes: Tuple[int, ...] = ()  # the classes of the last draft's positions
+        self.after_leaf = False  # the last draft's pass follows one that ended on a side leaf
+        # accepted drafts of passes that followed a side-leaf end / a rejection (a decayed mean)
+        self.accepted_after = {True: DecayedMean(1.0), False: DecayedMean(1.0)}
+        self.tokens_per_pass = DecayedMean(2.0)
+
+    @property
+    def node_budget(self) -> Optional[int]:
+        return self.budget
+
+    def use_cost(self, cost: Callable[[int], float]) -> None:
+        """Choose every pass's budget for speed on this hardware (`cost(n)`: a pass of n nodes)."""
+        self.cost = cost
+
+    def note_overhead(self, seconds: float) -> None:
+        self.overhead.add(max(seconds, 0.0))
+
+    def pass_seconds(self, nodes: int) -> float:
+        return self.cost(nodes) + self.overhead.mean
+
+    def first(self, ctx: DraftContext, logits: torch.Tensor, start: int, target: int) -> Draft:
+        window = self.fill(ctx, DraftWindow.empty_like(ctx, logits), logits, start, target)
+        return self.budget_draft(ctx, window, start, carried=0, kept=0)
+
+    def next(self, ctx: DraftContext, report: PassReport) -> Draft:
+        self.observe(report)
+        window, kept = self.continue_window(ctx, report) if report.stale.nodes else (
+            report.draft.window.tail(len(report.draft.window)), 0)
+        outcome = report.outcome
+        self.after_leaf = not outcome.rejected and any(outcome.branch)
+        carried = len(window)
+        window = self.fill(ctx, window, report.proposal_logits, report.num_committed, report.target)
+        return self.budget_draft(ctx, window, report.num_committed, carried, kept)
+
+    def observe(self, report: PassReport) -> None:
+        """Count, along the pass's accepted path, which candidate slot won at each position."""
+        layout = tree_layout(report.draft.shape)
+        accepted = report.decisions.accepted_child
+        self.table.age()
+        self.accepted_after[self.after_leaf].add(report.outcome.accepted)
+        self.tokens_per_pass.add(report.num_committed - report.start)
+        deviation = -1
+        for pos, node in enumerate((0,) + report.outcome.path_nodes):  # the path: a few dozen nodes
+            width = len(layout.children[node])
+            if not width or pos >= len(self.classes):
+                break
+            cls = self.classes[pos] if deviation < 0 else after_deviation(self.classes[pos], pos - deviation)
+            self.table.add(cls, width, accepted[node])
+            if accepted[node] > 0:
+                deviation = pos
+
+    def budget_draft(self, ctx: DraftContext, window: DraftWindow, start: int, carried: int, kept: int) -> Draft:
+        """The budget's tree over `window`: the window cut to the chosen main chain, candidates
+        drawn at the positions that branch, the pass padded to the budget."""
+        classes = position_classes(carried, len(window), self.after_leaf)
+        leaf_value = max(0.0, self.accepted_after[True].mean - self.accepted_after[False].mean)
+        vocab = int(window.q.shape[-1])
+        tree = best_tree(self.table.win_probabilities(), classes, self.budget, min(self.max_width, vocab),
+                         leaf_value=leaf_value, min_chain=chain_floor(self.tokens_per_pass.mean, self.budget))
+        nodes = self.budget
+        if self.cost is not None:
+            nodes = fastest_budget(tree.expected, self.pass_seconds) or self.budget
+            tree = tree.first(nodes)
+        window = DraftWindow(window.tokens[: tree.window], window.q[: tree.window])
+        self.classes = classes[: tree.window]
+        levels = max((pos + 1 for pos, w in enumerate(tree.widths) if w > 1), default=0)
+        if not levels:
+            return Draft(window, None, kept, nodes)
+        cands, valid = ctx.rule.candidates(window.q[:levels], window.tokens[:levels], max(tree.widths),
+                                           ctx.positions[start : start + levels])
+        return Draft(window, TreeDraft(cands, valid, TreeShape(tree.paths)), kept, nodes)
+
+
 def make_drafter(config: SamplerConfig) -> Drafter:
     """The drafter a configuration asks for."""
+    if config.node_budget is not None:
+        return BudgetDrafter(config.use_ac, config.pass_nodes)
     if config.use_ac or config.use_pd:
         kind = EveryPassTreeDrafter if config.tree_every_pass else PACDrafter
-        return kind(config.use_ac, config.use_pd, config.tree_depth, config.tree_width, config.tree_widths,
-                    config.side_chain_len, config.tree_chain_width, config.window_size)
+        return kind(config.use_ac, config.use_pd, config.tree, config.window_size)
     return SJDDrafter()

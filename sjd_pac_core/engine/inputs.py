@@ -59,7 +59,7 @@ def check_sample_inputs(
     check_run_fits(token_model, prompts, tokens, config)
     constraints = TokenConstraints.from_user(allowed_tokens, token_model.vocab_size, tokens)
     largest_support = int(constraints.free_support_sizes().max())
-    if config.use_pd and config.tree_width > largest_support:
+    if config.use_pd and config.node_budget is None and config.tree_width > largest_support:
         raise ConfigError(
             f"tree_width (K) = {config.tree_width} is larger than the {largest_support} tokens the "
             f"model may choose from; use a tree width of at most {largest_support}."
@@ -215,8 +215,7 @@ def check_run_fits(
             "shorten the prompt."
         )
     # The KV cache over prompt, image and one pass's drafts, plus the committed tokens.
-    window = config.window_size + config.tree_side_nodes
-    need = kv_bytes_per_position(token_model, len(prompts)) * (prompt_length + num_tokens + window)
+    need = kv_bytes_per_position(token_model, len(prompts)) * (prompt_length + num_tokens + config.pass_nodes)
     need += 8 * num_tokens
     free = available_memory(token_model.device)
     if free is not None and need > free:

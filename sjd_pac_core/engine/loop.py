@@ -208,20 +208,29 @@ class _Decoder:
         self.drafter = drafters.make_drafter(config)  # looked up per run: the strategy seam
         # The auto window's choices: a compiled run keeps to a few sizes (one graph each).
         self.candidates = COMPILED_CANDIDATE_WINDOWS if config.compile else CANDIDATE_WINDOWS
+        self.budget = self.drafter.node_budget  # every pass padded to 1 + budget nodes, if set
         largest_window = config.window if isinstance(config.window, int) else max(self.candidates)
+        if self.budget:  # the window caps the main chain the budget's tree may choose
+            largest_window = min(config.window_size or self.budget, self.budget)
         self.largest_window = largest_window if config.method != "ar" else 0
-        span = largest_window + config.tree_depth + 2  # the most positions one pass touches
+        # the nodes of the largest pass beyond its root, and the most positions one pass touches
+        self.pass_nodes = self.budget or self.largest_window + self.drafter.max_side_nodes
+        span = (self.budget or largest_window + config.tree_depth) + 2
         self.rule = rules.make_rule(config.verify, seed, model.vocab_size, self.device,
                                     num_tokens=self.num_tokens, span=span)
         self.seed = seed
-        self.window_policy = FixedWindow(config.window_size)  # replaced after the prefill if "auto"
-        self.positions = torch.arange(self.num_tokens + span + self.drafter.max_side_nodes + 2, device=self.device)
+        # replaced after the prefill if "auto" (a budget's tree chooses its own window)
+        self.window_policy = FixedWindow(self.largest_window if self.budget else config.window_size)
+        self.auto_window = config.auto_window and not self.budget
+        self.positions = torch.arange(self.num_tokens + span + self.pass_nodes + 2, device=self.device)
+        # The committed tokens, filled pass by pass ([:num_committed] are final): the run's one buffer.
+        self.committed = torch.zeros(self.num_tokens, dtype=torch.long, device=self.device)
         self.ctx = DraftContext(self.rule, self.recipe, self.constraints, self.num_tokens,
-                                config.init_proposal, self.positions)
+                                config.init_proposal, self.positions, self.committed)
         self.timer = ForwardTimer(self.device)
         # An eager auto run chooses its tree too (a compiled one keeps its few pass shapes).
-        self.adaptive_tree = (config.auto_window and not config.compile and config.use_pd
-                              and config.side_chain_len == 0)
+        self.adaptive_tree = (self.auto_window and not config.compile and config.use_pd
+                              and config.tree.side_chain == 0)
 
     def _window_target(self, num_committed: int) -> int:
         return min(self.window_policy.next_window(), self.num_tokens - num_committed)
@@ -232,7 +241,7 @@ class _Decoder:
         session = self.model.open_session(prompts)
         try:
             # Size the cache once: the image, the largest pass and the auto window's probe.
-            largest_pass = 1 + self.largest_window + self.drafter.max_side_nodes
+            largest_pass = 1 + self.pass_nodes
             # A compiled run's cache capacity must be set here, before the prefill, so that every
             # prompt length lands on one capacity and one graph per pass size.
             session.configure(self.num_tokens + max(largest_pass, max(PROBE_SIZES)) + 1,
@@ -256,14 +265,16 @@ class _Decoder:
         pos0 = self.positions[:1]
         self.rule.prepare(0)
         p0 = process(logits.unsqueeze(1), pos0, self.recipe, self.constraints)
-        committed = torch.zeros(self.num_tokens, dtype=torch.long, device=self.device)
+        committed = self.committed
         committed[:1] = self.rule.draw(p0, pos0)
-        if self.config.auto_window and self.config.compile:
+        if self.auto_window and self.config.compile:
             self.window_policy = FixedWindow(AUTO_START_WINDOW)  # until the warm-up times the graphs
-        elif self.config.auto_window:
+        elif self.config.node_budget == "auto":  # the budget drafter prices its passes on this hardware
+            self.drafter.use_cost(measure_cost_curve(self.model, session, committed[0]))
+        elif self.auto_window:
             cost = measure_cost_curve(self.model, session, committed[0])
             if self.adaptive_tree:
-                self.window_policy = AutoTreeWindow(cost, narrower_trees(self.config.tree_widths),
+                self.window_policy = AutoTreeWindow(cost, narrower_trees(self.config.tree.widths),
                                                     candidates=self.candidates)
             else:
                 self.window_policy = AutoWindow(cost, extra_nodes=self.config.tree_side_nodes,
@@ -320,18 +331,20 @@ class _Decoder:
         curve."""
         start = time.perf_counter()
         side = self.drafter.max_side_nodes
-        if self.config.auto_window:
+        if self.auto_window:
             windows = self.candidates
         else:
             windows = (max(self.window_policy.next_window(), len(state.draft.window)),)
         sizes = sorted({1 + w + extra for w in windows for extra in {0, side}})
+        if self.budget:  # every pass has the budget's size
+            sizes = [1 + self.budget]
         for size in [s for s in sizes if not state.session.compiled_shape_ready(s)]:
             # two shapes for a fixed window (chain and tree passes); none on a repeat run
             tokens = state.committed[:1].expand(size).contiguous()
             eye = torch.eye(size, dtype=torch.bool, device=self.device)
             state.session.forward(tokens, torch.zeros_like(tokens), eye)
             state.session.keep([])  # the warm-up leaves the cache exactly as it was
-        if self.config.auto_window:  # the graphs exist now: time them for the cost curve
+        if self.auto_window:  # the graphs exist now: time them for the cost curve
             cost = measure_cost_curve(self.model, state.session, state.committed[0], sizes, compiled=True)
             self.window_policy = AutoWindow(cost, extra_nodes=side, candidates=self.candidates)
         synchronize(self.device)
@@ -340,7 +353,7 @@ class _Decoder:
     def _envelope_window(self, drafts: int) -> int:
         """The window a pass of `drafts` drafts is padded to: itself, or on a compiled auto run
         the smallest candidate that holds it (a compiled graph exists only for those)."""
-        if self.config.compile and self.config.auto_window:
+        if self.config.compile and self.auto_window:
             return min((w for w in self.candidates if w >= drafts), default=drafts)
         return drafts
 
@@ -359,6 +372,8 @@ class _Decoder:
             side = self.drafter.max_side_nodes
         # The policy's window, not the positions left: the shape stays fixed up to the image's end.
         envelope = 1 + self._envelope_window(max(self.window_policy.next_window(), len(window))) + side
+        if draft.nodes:  # a budget drafter pads every pass to its budget
+            envelope = 1 + draft.nodes
         shape = pass_shape(tree_layout(draft.shape), levels, width, len(window), envelope, self.device)
         root, pad = state.root_token, state.root_token.new_zeros(1)
         real = torch.ones(1, dtype=torch.bool, device=self.device)
@@ -421,5 +436,6 @@ class _Decoder:
         stats.records.append(record)
         if record.envelope:  # not the prefill
             self.window_policy.note_overhead(record.wall_time - record.forward_time)
+            self.drafter.note_overhead(record.wall_time - record.forward_time)
         if callback is not None:
             callback(Progress(record, stats, state.committed[: state.num_committed], state.num_tokens))

@@ -3,40 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..models.base import DecoderSession
-
-if TYPE_CHECKING:
-    from .drafters import Draft
-
-
-@dataclass
-class DraftWindow:
-    """Draft tokens for the positions right after the committed prefix, each with its q.
-
-    tokens[j] is the draft for image position num_committed + j, drawn from q[j] given
-    everything before it (that is what makes verifying it against p exact).
-    """
-
-    tokens: torch.Tensor  # long [M]
-    q: torch.Tensor  # float [M, V]
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
-
-    def tail(self, start: int) -> "DraftWindow":
-        return DraftWindow(self.tokens[start:], self.q[start:])
-
-    def extend(self, tokens: torch.Tensor, q: torch.Tensor) -> "DraftWindow":
-        return DraftWindow(torch.cat([self.tokens, tokens]), torch.cat([self.q, q]))
-
-    @staticmethod
-    def empty_like(ctx, logits: torch.Tensor) -> "DraftWindow":
-        """No drafts, on logits' device (q has the vocabulary width of logits)."""
-        return DraftWindow(ctx.positions[:0], logits.new_zeros((0, logits.shape[-1]), dtype=torch.float32))
+from .draft import Draft
 
 
 @dataclass
@@ -52,7 +22,7 @@ class DecodeState:
     session: DecoderSession
     committed: torch.Tensor  # long [N]
     num_committed: int
-    draft: "Draft"
+    draft: Draft
     target: int
 
     @property

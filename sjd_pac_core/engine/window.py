@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..config import PROBE_SIZES, tree_side_nodes
+from ..config import PROBE_SIZES, TreeLevels
 from ..models.base import DecoderSession, TokenModel
 
 CANDIDATE_WINDOWS: Tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96)
@@ -372,14 +372,14 @@ class AutoTreeWindow(AutoWindow):
 
     def __init__(self, cost: CostCurve, trees: Sequence[Tuple[int, ...]], start: int = AUTO_START_WINDOW,
                  decay: float = 0.9, candidates: Sequence[int] = CANDIDATE_WINDOWS) -> None:
-        self.trees = tuple(sorted(set(trees), key=lambda t: (tree_side_nodes(t), len(t))))
+        self.trees = tuple(sorted(set(trees), key=lambda t: (TreeLevels(t).side_nodes(0), len(t))))
         self.full_tree = self.trees[-1]
-        super().__init__(cost, extra_nodes=tree_side_nodes(self.full_tree), start=start, decay=decay,
+        super().__init__(cost, extra_nodes=TreeLevels(self.full_tree).side_nodes(0), start=start, decay=decay,
                          candidates=candidates)
         # The wide slots forget more slowly than slot 0: most passes censor them, and only the
         # exploration passes measure them.
         self.slots = _SlotRanks(decay, wide_decay=self.WIDE_SLOT_DECAY)
-        self.forward_costs = [[cost(1 + w + tree_side_nodes(t)) for w in self.candidates] for t in self.trees]
+        self.forward_costs = [[cost(1 + w + TreeLevels(t).side_nodes(0)) for w in self.candidates] for t in self.trees]
         self.passes = 0
         self.tree_choice = self.full_tree
 

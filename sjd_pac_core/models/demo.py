@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -53,7 +52,7 @@ def folder_defaults(folder: Path, base: FamilyDefaults) -> FamilyDefaults:
                 raise ModelLoadError(f"{path} sets {key} to {value:g}, which {problem}; correct it (or delete the "
                                      "file: it only holds sampling defaults).")
             changes[field] = int(value) if field == "top_k" else float(value)
-    return dataclasses.replace(base, **changes) if changes else base
+    return base.with_sampler(**changes) if changes else base
 
 
 def _vq_floating(folder: Path) -> Dict[str, bool]:
@@ -77,8 +76,8 @@ class DemoImageModel(ARImageModel):
     # about 2.7 ms plus 0.13 ms per node there, so a short window with one tree level of K beats the
     # long window and wide tree that win where passes are nearly free (README "Results"; a GPU
     # user of a 7B family keeps that family's L and tree).
-    defaults = FamilyDefaults(resolutions=("64x64",), cfg_scale=2.0, temperature=0.8, window=12,
-                              tree_depth=2, tree_width=4, tree_first_width=None)
+    defaults = FamilyDefaults(resolutions=("64x64",), sampler=dict(cfg_scale=2.0, temperature=0.8, window=12,
+                                                                   tree_depth=2, tree_width=4, tree_first_width=None))
 
     def __init__(self, demo: DemoModel) -> None:
         self.demo = demo

@@ -66,7 +66,8 @@ class Emu3ImageModel(ARImageModel):
             rows, cols = processor.calculate_generate_size(ratio, image_area, processor.downsample_ratio)
             self.sizes.setdefault(f"{cols * vq_factor}x{rows * vq_factor}", Emu3Size(ratio, rows, cols))
         # Reference settings (Emu3-Gen README): CFG 3.0, top-k 2048, temperature 1.0.
-        self.defaults = FamilyDefaults(resolutions=tuple(self.sizes), cfg_scale=3.0, temperature=1.0, top_k=2048)
+        self.defaults = FamilyDefaults(resolutions=tuple(self.sizes),
+                                       sampler=dict(cfg_scale=3.0, temperature=1.0, top_k=2048))
         self.token_model = ImageHeadAdapter(model, model.model, self.token_space)
         self._last_resolution: Optional[str] = None
 

@@ -8,8 +8,8 @@ only see this class and `generate_image`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import List, Optional, Tuple, Union
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from PIL import Image
@@ -17,6 +17,8 @@ from PIL import Image
 from ..config import ConfigError, SamplerConfig
 from ..sampling.recipe import TokenConstraints
 from .base import TokenModel
+
+SAMPLER_FIELDS = frozenset(f.name for f in fields(SamplerConfig))
 
 
 @dataclass(frozen=True)
@@ -79,34 +81,38 @@ class ImageLayout:
 
 @dataclass(frozen=True)
 class FamilyDefaults:
-    """A family's recommended settings (from its reference code) and resolution choices."""
+    """A family's resolutions and its recommended sampler settings (from its reference code).
+
+    `sampler` holds only what the family changes from SamplerConfig's own defaults (e.g. its CFG
+    scale and top-k), so a new SamplerConfig field needs no edit here; `sampler_config()` is the
+    one way to get the family's config. A setting reads as an attribute too (`defaults.cfg_scale`
+    is `defaults.sampler_config().cfg_scale`).
+    """
 
     resolutions: Tuple[str, ...]  # e.g. ("768x768", "512x512"); the first is the default
-    cfg_scale: float = 1.0
-    temperature: float = 1.0
-    top_k: Optional[int] = None
-    top_p: Optional[float] = None
-    window: int = 64
-    tree_depth: int = 3
-    tree_width: int = 4
-    tree_every_pass: bool = True
-    tree_first_width: Optional[int] = 8
-    tree_side_chain: int = 0
-    tree_chain_width: int = 1
+    sampler: Dict[str, Any] = field(default_factory=dict, hash=False)  # SamplerConfig fields -> values
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sampler", dict(self.sampler))
+        self.sampler_config()  # a wrong override fails where the family writes it, naming the field
 
     @property
     def resolution(self) -> str:
         return self.resolutions[0]
 
     def sampler_config(self, **overrides) -> SamplerConfig:
-        values = dict(
-            cfg_scale=self.cfg_scale, temperature=self.temperature, top_k=self.top_k,
-            top_p=self.top_p, window=self.window, tree_depth=self.tree_depth, tree_width=self.tree_width,
-            tree_every_pass=self.tree_every_pass, tree_first_width=self.tree_first_width,
-            tree_side_chain=self.tree_side_chain, tree_chain_width=self.tree_chain_width,
-        )
-        values.update(overrides)
-        return SamplerConfig(**values)
+        """SamplerConfig's defaults, then the family's settings, then `overrides`."""
+        return SamplerConfig.from_mapping({**self.sampler, **overrides})
+
+    def with_sampler(self, **changes) -> "FamilyDefaults":
+        """A copy whose sampler settings also set `changes`."""
+        return FamilyDefaults(self.resolutions, {**self.sampler, **changes})
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names normal lookup misses: the sampler settings, read from the family's config.
+        if name in SAMPLER_FIELDS:
+            return getattr(self.sampler_config(), name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
 
 @dataclass

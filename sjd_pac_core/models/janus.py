@@ -61,7 +61,7 @@ class JanusImageModel(ARImageModel):
             )
         # Reference settings (JanusForConditionalGeneration.generate / Janus-Pro demo): CFG 5,
         # temperature 1, no top-k.
-        self.defaults = FamilyDefaults(resolutions=(self.resolution,), cfg_scale=5.0, temperature=1.0)
+        self.defaults = FamilyDefaults(resolutions=(self.resolution,), sampler=dict(cfg_scale=5.0, temperature=1.0))
         self.token_model = GenerationHeadAdapter(model, self.num_codes)
 
     # --- loading ------------------------------------------------------------------------------

@@ -219,7 +219,7 @@ class LuminaMGPTImageModel(ARImageModel):
         # Reference settings (Lumina-mGPT inference_solver): CFG 3.0 (its README uses 4.0), image
         # top-k 2000, temperature 1.0.
         self.defaults = FamilyDefaults(
-            resolutions=tuple(f"{w}x{h}" for w, h in sizes), cfg_scale=3.0, temperature=1.0, top_k=2000
+            resolutions=tuple(f"{w}x{h}" for w, h in sizes), sampler=dict(cfg_scale=3.0, temperature=1.0, top_k=2000)
         )
         self.token_model = ImageHeadAdapter(model, model.model, vocab.token_space)
         self._layouts: Dict[str, ImageLayout] = {}

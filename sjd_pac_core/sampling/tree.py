@@ -12,7 +12,7 @@ Familiar shapes are special cases: the plain SJD window is a chain (every node h
 the Proactive Drafting tree gives every node of its first D - 1 levels the same K candidates
 (`level_tree_shape`), with the chain hung off the main branch (the path of slot 0s); side chains
 hang the chain's first drafts also off some side leaves. A drafter may build any other shape
-(`TreeShape.from_paths`).
+from its slot paths (`TreeShape.check` says whether it is one).
 """
 
 from __future__ import annotations
@@ -37,12 +37,6 @@ class TreeShape:
     """
 
     paths: Tuple[Path, ...]
-
-    @staticmethod
-    def from_paths(paths: Iterable[Sequence[int]]) -> "TreeShape":
-        shape = TreeShape(tuple(tuple(int(s) for s in p) for p in paths))
-        shape.check()
-        return shape
 
     def check(self) -> None:
         """Parents before children, no duplicates, and every node's children are the slots
@@ -191,15 +185,15 @@ def tree_layout(shape: TreeShape) -> TreeLayout:
     while children[main[-1]]:
         main.append(children[main[-1]][0])
     parents_t = torch.tensor(parents, dtype=torch.long)
-    # attend[i, j]: j is i or one of its ancestors. "Self or parent" squared k times reaches
-    # 2^k levels up: log2(depth) small matrix products, not one step per level.
-    reach = torch.eye(n)
-    reach[torch.arange(1, n), parents_t[1:]] = 1.0
-    for _ in range(max(1, max(depths)).bit_length()):
-        reach = (reach @ reach).clamp(max=1.0)
-    attend = reach > 0
+    depths_t = torch.tensor(depths, dtype=torch.long)
+    # attend[i, j]: j is i or one of its ancestors: a node's row is its parent's plus itself,
+    # filled one depth at a time (a gather per depth, not a product of n x n matrices).
+    attend = torch.eye(n, dtype=torch.bool)
+    for d in range(1, max(depths) + 1):  # the tree's depth, not its node count
+        nodes = (depths_t == d).nonzero().flatten()
+        attend[nodes] |= attend[parents_t[nodes]]
     return TreeLayout(
-        shape=shape, parents=parents_t, depths=torch.tensor(depths, dtype=torch.long),
+        shape=shape, parents=parents_t, depths=depths_t,
         candidate_index=torch.tensor(slots, dtype=torch.long), attend=attend, children=children,
         main_nodes=tuple(main), node_depths=tuple(depths), node_slots=tuple(slots),
     )

@@ -1,0 +1,252 @@
+"""Budget-aware drafting: the best tree of B nodes from the acceptance this run has seen.
+
+A node is a row of a pass beyond its root (with classifier-free guidance each node is two rows
+of the forward; budgets count nodes). A pass of B nodes may spend them on a long main chain, on
+candidates beside its drafts, or on branches behind those candidates. What each is worth follows
+from counts kept over the run's passes so far:
+
+* how often candidate slot s of a window position wins (slot 0 is the draft, slots 1.. the other
+  candidates of its draw, one draw without replacement from the position's q), kept as survival
+  counts per slot (`AcceptanceTable`): P(slot s wins | slots < s lost);
+* by the position's *class* (`position_classes`): its distance from the window's start (the
+  pass's root is a changed token: the drafts right behind it were drafted in another context
+  and fail most), the first position after a pass that ended on a side leaf (its bonus token came
+  from an exact p, so the change is two positions back), and positions new to the window
+  (drafted from the nearest stale logits). Behind a path that took another candidate than the
+  draft, the distance counts from that candidate (`after_deviation`).
+
+A node lies on the accepted path with the product of its slots' win probabilities along its path
+(the first accepted candidate in draw order wins). `best_tree` adds nodes best gain first, as in
+EAGLE-2's tree construction; a node's gain is
+
+* its chance to be accepted (the expected accepted drafts of a tree are the sum of its nodes'),
+* plus, for a side node, `leaf_value` times that chance: a pass that ends on a side leaf commits
+  that leaf's bonus token, so the next pass starts two positions after the change instead of
+  one; `leaf_value` is the measured difference in accepted drafts between passes that started
+  the two ways (less the parent's, where a side leaf gets its first child and stops being one);
+* plus a refresh value for the next pass: every main-chain node computes the p that drafts the
+  position after it next time (a window shorter than the chain it could have carried leaves
+  the next pass drafts from stale logits), and a candidate beside the main chain catches the
+  draft Adaptive Continuation redraws there, so the next draft after it is continued from a p
+  whose context holds the new token (`REFRESH_VALUE` x its chance to be reached from the main
+  chain), both decaying with the position (`REFRESH_DECAY`: far positions are drafted again).
+  The main chain is at least `CHAIN_PASSES` times the tokens a pass commits (measured): a draft
+  is refined over several passes before it reaches the front.
+
+The counts come from passes already verified and the tree is chosen before its pass; the classes
+depend only on the committed tokens' passes (never on a draft's value), so no choice sees the
+pass's own p or outcome, or a later draft: the sampler stays exact (drafters.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+Path = Tuple[int, ...]
+
+MAX_SLOTS = 32  # candidates one position may get
+MAX_DISTANCE = 24  # distances from the window's start are told apart up to this; further ones pool
+NEW = MAX_DISTANCE + 1  # the class of a position new to the window
+LEAF_START = NEW + 1  # the first position after a pass that ended on a side leaf (its bonus token)
+CLASSES = LEAF_START + 1
+CHAIN_VALUE = 0.1  # the refresh value of a main-chain node at position 0, in accepted drafts
+REFRESH_VALUE = 0.5  # that of a candidate beside the main chain, times its chance to be reached
+REFRESH_DECAY = 0.97  # per position
+# The main chain is at least this many times the tokens a pass commits (measured): a draft is
+# refined over several passes before it reaches the window's front.
+CHAIN_PASSES = 8.0
+# The budgets node_budget="auto" chooses among (a pass is padded to its budget).
+BUDGET_CHOICES: Tuple[int, ...] = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # up to config.MAX_AUTO_BUDGET
+
+
+def position_classes(carried: int, window: int, after_leaf: bool) -> Tuple[int, ...]:
+    """The class of each of `window` positions: its distance from the last changed token (the
+    root, one position before the window; two after a pass that ended on a side leaf, whose
+    bonus token followed the leaf), capped at MAX_DISTANCE; LEAF_START for the first position
+    after such a pass; NEW past the `carried` drafts the last pass verified."""
+    change = -2 if after_leaf else -1
+    return tuple(NEW if j >= carried else LEAF_START if after_leaf and j == 0 else min(j - change, MAX_DISTANCE)
+                 for j in range(window))
+
+
+def chain_floor(tokens_per_pass: float, budget: int) -> int:
+    """The main chain's least length: CHAIN_PASSES times the tokens a pass commits, at most
+    three quarters of the budget (the rest goes to candidates)."""
+    return min(int(CHAIN_PASSES * tokens_per_pass), 3 * budget // 4)
+
+
+def after_deviation(cls: int, distance: int) -> int:
+    """A position's class behind a path that took another candidate than the draft `distance`
+    positions earlier (the position's q saw the draft there)."""
+    return cls if cls == NEW else min(cls, distance)
+
+
+class AcceptanceTable:
+    """Decayed survival counts of the winning candidate slot, per position class.
+
+    at_risk[c, s]: positions of class c where slot s was tried (every slot before it lost);
+    wins[c, s]: those where slot s won. A position whose k candidates all lost says only "slot
+    >= k" (censored). A cell borrows `PRIOR_WEIGHT` passes of the slot's hazard pooled over the
+    classes, which borrows as many of `PRIOR_HAZARD`: optimistic, so that a slot no pass has
+    tried yet gets tried.
+    """
+
+    PRIOR_WEIGHT = 2.0
+    PRIOR_HAZARD = 0.5
+
+    def __init__(self, slots: int = MAX_SLOTS, decay: float = 0.98) -> None:
+        self.slots = slots
+        self.decay = decay
+        self.at_risk = np.zeros((CLASSES, slots))
+        self.wins = np.zeros((CLASSES, slots))
+        # the same counts over the whole run, never decayed (what a benchmark reports)
+        self.seen_at_risk = np.zeros((CLASSES, slots))
+        self.seen_wins = np.zeros((CLASSES, slots))
+
+    def age(self) -> None:
+        self.at_risk *= self.decay
+        self.wins *= self.decay
+
+    def add(self, cls: int, width: int, slot: int) -> None:
+        """One position of class `cls` with `width` candidates; `slot` won (-1: none did)."""
+        width = min(width, self.slots)
+        tried = width if slot < 0 else min(slot + 1, width)
+        self.at_risk[cls, :tried] += 1.0
+        self.seen_at_risk[cls, :tried] += 1.0
+        if 0 <= slot < width:
+            self.wins[cls, slot] += 1.0
+            self.seen_wins[cls, slot] += 1.0
+
+    def hazards(self) -> np.ndarray:
+        """[CLASSES, slots]: P(slot s wins | slots < s lost), shrunk towards the pooled slot."""
+        pooled = (self.wins.sum(0) + self.PRIOR_WEIGHT * self.PRIOR_HAZARD) / (self.at_risk.sum(0) + self.PRIOR_WEIGHT)
+        return (self.wins + self.PRIOR_WEIGHT * pooled) / (self.at_risk + self.PRIOR_WEIGHT)
+
+    def win_probabilities(self) -> np.ndarray:
+        """[CLASSES, slots]: P(slot s wins) = hazard(s) x P(slots < s all lose)."""
+        hazard = self.hazards()
+        survive = np.cumprod(1.0 - hazard, axis=1)
+        before = np.concatenate([np.ones((CLASSES, 1)), survive[:, :-1]], axis=1)
+        return hazard * before
+
+
+class DecayedMean:
+    """A decayed running mean (recent passes weigh more), starting from `prior`."""
+
+    def __init__(self, prior: float, decay: float = 0.98) -> None:
+        self.weight, self.total, self.decay = 1.0, prior, decay
+
+    def add(self, value: float) -> None:
+        self.weight = self.weight * self.decay + 1.0
+        self.total = self.total * self.decay + value
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.weight
+
+
+@dataclass(frozen=True)
+class BudgetTree:
+    """The chosen tree: slot paths (parents first), the main chain's length (the window the pass
+    feeds), candidates per window position, and the expected accepted drafts after each node
+    was added (`expected[k - 1]`: the tree of its first k nodes, itself a valid tree)."""
+
+    paths: Tuple[Path, ...]
+    window: int
+    widths: Tuple[int, ...]
+    expected: Tuple[float, ...]
+
+    def first(self, nodes: int) -> "BudgetTree":
+        """The tree of the first `nodes` nodes added."""
+        paths = self.paths[:nodes]
+        window = max((len(p) for p in paths if not any(p)), default=0)
+        widths = [0] * window
+        for p in paths:
+            widths[len(p) - 1] = max(widths[len(p) - 1], p[-1] + 1)
+        return BudgetTree(paths, window, tuple(widths), self.expected[:nodes])
+
+
+def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: int, leaf_value: float = 0.0,
+              chain_value: float = CHAIN_VALUE, refresh_value: float = REFRESH_VALUE,
+              refresh_decay: float = REFRESH_DECAY, min_chain: int = 0) -> BudgetTree:
+    """The tree of at most `budget` nodes with the largest gain (the module docstring), the main
+    chain's first `min_chain` nodes first.
+
+    win: [CLASSES, slots] win probabilities (AcceptanceTable.win_probabilities); classes: the
+    class of each window position there is a draft for. A node joins only after its parent, its
+    next-lower slot and the main chain's node at its position (the main branch is the window),
+    so every prefix of the order nodes join in is a valid tree.
+    """
+    window = len(classes)
+    width_cap = max(1, min(max_width, win.shape[1]))
+
+    def cls_at(pos: int, deviation: int) -> int:
+        return classes[pos] if deviation < 0 else after_deviation(classes[pos], pos - deviation)
+
+    # A frontier entry: (-gain, path, parent's last deviation (-1: none), parent's chance, parent's
+    # reach, node's chance, node's reach). Reach: the chance that the next pass's drafts are
+    # continued through the node (1 on the main chain; from the main chain on, for a side node).
+    def entry(path: Path, parent_dev: int, parent_chance: float, parent_reach: float) -> tuple:
+        pos, slot = len(path) - 1, path[-1]
+        p_win = win[cls_at(pos, parent_dev), slot]
+        chance = parent_chance * p_win
+        decay = refresh_decay ** pos
+        if parent_dev < 0 and slot == 0:  # the main chain
+            reach = 1.0
+            gain = chance + chain_value * decay + (2.0 if pos < min_chain else 0.0)  # the floor first
+        else:
+            reach = parent_reach * p_win
+            gain = (1.0 + leaf_value) * chance + refresh_value * decay * reach
+            if slot == 0:  # the first child of a side leaf, which stops being one
+                gain -= leaf_value * parent_chance
+        return (-gain, path, parent_dev, parent_chance, parent_reach, chance, reach)
+
+    chosen: List[Path] = []
+    expected: List[float] = []
+    widths = [0] * window
+    main = 0  # positions the main chain covers
+    waiting: list = []  # side nodes past the main chain's end, until it gets there
+    heap = [entry((0,), -1, 1.0, 1.0)] if window and budget > 0 else []
+    total = 0.0
+    while heap and len(chosen) < budget and heap[0][0] < 0:  # at most `budget` pops: a few hundred host steps
+        _, path, parent_dev, parent_chance, parent_reach, chance, reach = heapq.heappop(heap)
+        pos, slot = len(path) - 1, path[-1]
+        chosen.append(path)
+        total += chance
+        expected.append(total)
+        widths[pos] = max(widths[pos], slot + 1)
+        deviation = pos if slot > 0 else parent_dev
+        if deviation < 0:  # a main-chain node: side nodes waiting for this position come in
+            main = pos + 1
+            ready = [w for w in waiting if len(w[1]) <= main]
+            waiting = [w for w in waiting if len(w[1]) > main]
+            for item in ready:
+                heapq.heappush(heap, item)
+        if slot + 1 < width_cap:  # the next candidate beside this node
+            heapq.heappush(heap, entry(path[:-1] + (slot + 1,), parent_dev, parent_chance, parent_reach))
+        if pos + 1 < window:  # the node's first child
+            child = entry(path + (0,), deviation, chance, reach)
+            if deviation < 0 or pos + 1 < main:
+                heapq.heappush(heap, child)
+            else:
+                waiting.append(child)
+    return BudgetTree(tuple(chosen), main, tuple(widths[:main]), tuple(expected))
+
+
+def fastest_budget(expected: Sequence[float], pass_seconds: Callable[[int], float],
+                   choices: Sequence[int] = BUDGET_CHOICES) -> Optional[int]:
+    """The budget in `choices` with the most expected tokens per second: (1 + expected
+    accepted drafts of the tree's first B nodes) / the seconds of a pass of 1 + B nodes. A
+    larger budget must beat the best smaller one by 1%: the estimate is never exact."""
+    best, best_speed = None, 0.0
+    for budget in sorted(choices):
+        if budget > len(expected):
+            break
+        speed = (1.0 + expected[budget - 1]) / pass_seconds(1 + budget)
+        if best is None or speed > best_speed * 1.01:
+            best, best_speed = budget, speed
+    return best

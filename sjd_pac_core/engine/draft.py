@@ -1,0 +1,77 @@
+"""A draft: what the next pass verifies (the window's drafts with their q's, and a tree).
+
+Plain data, made by a Drafter (drafters.py) and carried by the loop's DecodeState (state.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from ..sampling.tree import TreeShape, chain_shape
+
+
+@dataclass
+class DraftWindow:
+    """Draft tokens for the positions right after the committed prefix, each with its q.
+
+    tokens[j] is the draft for image position num_committed + j, drawn from q[j] given
+    everything before it (that is what makes verifying it against p exact).
+    """
+
+    tokens: torch.Tensor  # long [M]
+    q: torch.Tensor  # float [M, V]
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def tail(self, start: int) -> "DraftWindow":
+        return DraftWindow(self.tokens[start:], self.q[start:])
+
+    def extend(self, tokens: torch.Tensor, q: torch.Tensor) -> "DraftWindow":
+        return DraftWindow(torch.cat([self.tokens, tokens]), torch.cat([self.q, q]))
+
+    @staticmethod
+    def empty_like(ctx, logits: torch.Tensor) -> "DraftWindow":
+        """No drafts, on logits' device (q has the vocabulary width of logits)."""
+        return DraftWindow(ctx.positions[:0], logits.new_zeros((0, logits.shape[-1]), dtype=torch.float32))
+
+
+@dataclass(frozen=True)
+class TreeDraft:
+    """Candidates for the first `levels` window positions, and the tree the pass feeds.
+
+    candidates: long [levels, K]; row d is the draw for window position d (column 0 is the
+    window's own draft). valid: bool [levels, K]; False marks padding slots (q had fewer than K
+    tokens), which are never accepted. shape: the nodes of the pass (any slots of these rows,
+    the window's drafts beyond them on slot 0).
+    """
+
+    candidates: torch.Tensor
+    valid: torch.Tensor
+    shape: TreeShape
+    widths: Tuple[int, ...] = ()  # a level tree's candidates per level (empty for another shape)
+
+    @property
+    def levels(self) -> int:
+        return int(self.candidates.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.candidates.shape[1])
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What the next pass verifies: the window on the main branch and an optional tree."""
+
+    window: DraftWindow
+    tree: Optional[TreeDraft] = None
+    kept_by_ac: int = 0  # drafts carried over unchanged from the last pass (a statistic)
+    nodes: Optional[int] = None  # pad the pass to this many nodes (a budget drafter's); None: the loop's envelope
+
+    @property
+    def shape(self) -> TreeShape:
+        return self.tree.shape if self.tree is not None else chain_shape(len(self.window))

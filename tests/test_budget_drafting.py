@@ -1,0 +1,430 @@
+"""Budget-aware drafting (SamplerConfig.node_budget): the maths on hand-made numbers, exactness
+with planted controls, seed-exactness under the gumbel rule, and the pass's shape.
+
+The exact-distribution cases use the tools of test_exactness.py (exactness_tools): the tiny
+Llama's exact joint over every sequence (vocabulary 3, 5 image tokens) and a Markov chain's exact
+pair marginals (vocabulary 6, 6 tokens). Each planted control breaks the exactness contract in
+one of the ways a budget drafter could and must fail the same test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import sjd_pac_core as sp
+from exactness_tools import (
+    MarkovChain,
+    MarkovModel,
+    RejectionConfig,
+    SecondOrderChain,
+    SecondOrderModel,
+    TableModel,
+    all_pairs_pvalue,
+    compare,
+    conditional_logits,
+    draw_samples,
+    draw_sequences,
+    exact_joint,
+    markov_pair_laws,
+    pair_laws_pvalue,
+    planted_fault,
+    seed_exact_lm,
+    tiny_causal_lm,
+)
+from sjd_pac_core.config import TreeLevels
+from sjd_pac_core.engine import budget as bd
+from sjd_pac_core.engine import drafters
+from sjd_pac_core.sampling import rules
+from sjd_pac_core.sampling.recipe import SamplingRecipe, process
+from sjd_pac_core.sampling.tree import TreeShape
+
+P_VALUE_MIN = 1e-3
+P_VALUE_PLANTED_MAX = 1e-6
+TV_FACTOR = 1.5
+
+
+# --- the maths, on hand-made numbers ----------------------------------------------------------
+
+def test_tree_levels_own_every_node_count():
+    tree = TreeLevels.of(3, 4, first_width=8, side_chain=2, chain_width=3)
+    assert tree.widths == (8, 4) and tree.depth == 3
+    assert tree.level_nodes == 8 + 32 and tree.side_leaves == 7 + 3
+    assert tree.chain_siblings(64) == 2 * 62
+    assert tree.side_nodes(64) == (40 - 2) + 2 * 10 + 2 * 62
+    assert tree.nodes(64) == 64 + tree.side_nodes(64)
+    config = sp.SamplerConfig(window=64)  # the 7B families' default: 64 drafts + 38 side nodes
+    assert config.tree.nodes(64) == 102 == config.pass_nodes
+    assert sp.SamplerConfig(node_budget=128).pass_nodes == 128
+    assert sp.SamplerConfig(node_budget="auto").pass_nodes == max(bd.BUDGET_CHOICES)
+
+
+def test_position_classes():
+    assert bd.position_classes(3, 5, after_leaf=False) == (1, 2, 3, bd.NEW, bd.NEW)
+    assert bd.position_classes(3, 4, after_leaf=True) == (bd.LEAF_START, 3, 4, bd.NEW)
+    far = bd.position_classes(40, 40, after_leaf=False)
+    assert far[-1] == bd.MAX_DISTANCE and far[bd.MAX_DISTANCE - 1] == bd.MAX_DISTANCE
+    assert bd.after_deviation(7, 2) == 2 and bd.after_deviation(1, 3) == 1 and bd.after_deviation(bd.NEW, 1) == bd.NEW
+
+
+def test_acceptance_table_counts_survival_with_censoring():
+    table = bd.AcceptanceTable(slots=4, decay=1.0)
+    table.add(cls=1, width=4, slot=0)  # the draft won: slot 0 tried
+    table.add(cls=1, width=4, slot=2)  # slots 0, 1 lost, 2 won
+    table.add(cls=1, width=2, slot=-1)  # both candidates lost: censored at 2
+    assert table.at_risk[1].tolist() == [3, 2, 1, 0]
+    assert table.wins[1].tolist() == [1, 0, 1, 0]
+    weight, prior = table.PRIOR_WEIGHT, table.PRIOR_HAZARD
+    pooled0 = (1 + weight * prior) / (3 + weight)
+    hazard = table.hazards()
+    assert hazard[1, 0] == pytest.approx((1 + weight * pooled0) / (3 + weight))
+    assert hazard[5, 0] == pytest.approx(pooled0)  # an unseen class: the pooled slot
+    win = table.win_probabilities()
+    assert win[1, 1] == pytest.approx(hazard[1, 1] * (1 - hazard[1, 0]))
+    assert np.all(win.sum(1) <= 1.0 + 1e-12)
+    table.decay = 0.5
+    table.age()
+    assert table.at_risk[1, 0] == 1.5
+
+
+def _all_trees(window: int, slots: int, size: int):
+    """Every valid tree of `size` nodes over `window` positions with up to `slots` candidates."""
+    nodes = [p for d in range(1, window + 1) for p in itertools.product(range(slots), repeat=d)]
+    for subset in itertools.combinations(nodes, size):
+        chosen = set(subset)
+        if all((p[:-1] in chosen or len(p) == 1) and (p[-1] == 0 or p[:-1] + (p[-1] - 1,) in chosen)
+               and (0,) * len(p) in chosen for p in chosen):
+            yield subset
+
+
+def test_best_tree_is_the_best_tree_when_only_acceptance_counts():
+    """With no leaf and no refresh value, the greedy maximises the expected accepted drafts over
+    every valid tree (brute force, 3 positions, 2 slots): the win probabilities fall with the
+    slot, so the best B nodes are the B largest path chances."""
+    win = np.zeros((bd.CLASSES, 2))
+    win[1] = (0.5, 0.3)
+    win[2] = (0.7, 0.2)
+    win[3] = (0.9, 0.05)
+    classes = (1, 2, 3)
+
+    def chance(path):
+        out, deviation = 1.0, -1
+        for pos, slot in enumerate(path):
+            cls = classes[pos] if deviation < 0 else bd.after_deviation(classes[pos], pos - deviation)
+            out *= win[cls, slot]
+            deviation = pos if slot else deviation
+        return out
+
+    for size in range(1, 7):
+        tree = bd.best_tree(win, classes, size, max_width=2, chain_value=0.0, refresh_value=0.0)
+        best = max(sum(chance(p) for p in t) for t in _all_trees(3, 2, size))
+        assert len(tree.paths) == size and tree.expected[-1] == pytest.approx(best), size
+        assert tree.expected[-1] == pytest.approx(sum(chance(p) for p in tree.paths))
+
+
+def test_best_tree_is_valid_and_every_prefix_is_a_tree():
+    rng = np.random.default_rng(0)
+    table = bd.AcceptanceTable()
+    for _ in range(300):
+        table.add(int(rng.integers(1, bd.CLASSES)), int(rng.integers(1, 8)), int(rng.integers(-1, 4)))
+    classes = bd.position_classes(20, 30, after_leaf=True)
+    tree = bd.best_tree(table.win_probabilities(), classes, 128, max_width=16, leaf_value=0.7)
+    assert len(tree.paths) == 128 and tree.window <= 30
+    TreeShape(tree.paths).check()
+    assert (0,) * tree.window in tree.paths and (0,) * (tree.window + 1) not in tree.paths
+    assert all(len(p) <= tree.window for p in tree.paths)  # no node past the main chain
+    for k in (1, 7, 40, 100):
+        part = tree.first(k)
+        TreeShape(part.paths).check()
+        assert all(len(p) <= part.window for p in part.paths) and len(part.widths) == part.window
+    assert list(tree.expected) == sorted(tree.expected)
+
+
+def test_fastest_budget_follows_the_cost_curve():
+    expected = [min(k, 40) ** 0.5 for k in range(1, 257)]  # accepted drafts of the first k nodes
+    flat_then_linear = lambda nodes: 1.0 + max(0, nodes - 129) / 64  # noqa: E731 - a GPU-like curve
+    per_node = lambda nodes: 0.1 + 0.05 * nodes  # noqa: E731 - a CPU-like curve: every node costs
+    assert bd.fastest_budget(expected, flat_then_linear) == 48  # the first budget past 40 nodes (no gain after)
+    assert bd.fastest_budget(expected, per_node) == 8
+    assert bd.fastest_budget(expected[:5], per_node) is None  # a tree smaller than every choice
+
+
+def test_budget_config_and_its_errors():
+    assert isinstance(drafters.make_drafter(sp.SamplerConfig(node_budget=64)), drafters.BudgetDrafter)
+    assert sp.SamplerConfig(node_budget=np.int64(64)).node_budget == 64
+    for bad, match in [(0, "integer from 1"), (5000, "integer from 1"), ("many", "whole number or 'auto'"),
+                       (True, "whole number")]:
+        with pytest.raises(sp.ConfigError, match=match):
+            sp.SamplerConfig(node_budget=bad)
+    with pytest.raises(sp.ConfigError, match="method='sjd_pac'"):
+        sp.SamplerConfig(method="sjd", node_budget=64)
+    with pytest.raises(sp.ConfigError, match="compile=False"):
+        sp.SamplerConfig(node_budget="auto", compile=True)
+
+
+# --- exactness: the exact joint of the tiny Llama ---------------------------------------------
+
+V, N = 3, 5
+PROMPT = torch.tensor([0, 1])
+UNCOND = torch.tensor([2])
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = tiny_causal_lm(V)
+    cond = conditional_logits(model, PROMPT, V, N)
+    uncond = conditional_logits(model, UNCOND, V, N)
+    return cond, uncond, TableModel({(0, 1): cond, (2,): uncond}, V)
+
+
+def _check(tiny, config, samples, seed0=0):
+    cond, uncond, table = tiny
+    joint = exact_joint([cond] + ([uncond] if config.uses_cfg else []), V, N, config)
+    counts = draw_samples(table, PROMPT, N, config, samples, uncond=UNCOND, seed0=seed0)
+    return compare(counts, joint)
+
+
+JOINT_CASES = {
+    "budget_4": (RejectionConfig(window=4, node_budget=4), 3000),
+    "budget_10_cfg": (RejectionConfig(window=4, node_budget=10, cfg_scale=2.0), 3000),
+    "budget_24_no_ac_top_k": (RejectionConfig(window=8, node_budget=24, adaptive_continuation=False, top_k=2), 3000),
+    "budget_auto_gumbel": (sp.SamplerConfig(window=4, node_budget="auto", verify="gumbel"), 3000),
+}
+
+
+@pytest.mark.parametrize("name", list(JOINT_CASES))
+def test_budget_drafting_matches_the_exact_joint(tiny, name):
+    config, samples = JOINT_CASES[name]
+    p_value, tv, noise = _check(tiny, config, samples)
+    assert p_value > P_VALUE_MIN, f"{name}: chi-square p = {p_value:.2e} (tv {tv:.4f}, noise {noise:.4f})"
+    assert tv < TV_FACTOR * noise, f"{name}: total variation {tv:.4f} above noise {noise:.4f}"
+
+
+class PeekingDrafter(drafters.BudgetDrafter):
+    """Planted: the first draft of every pass is drawn from the exact p the pass will compute
+    there (read from the model's table), but verified as a draw from its stale q."""
+
+    def __init__(self, tables, recipe, *args) -> None:
+        super().__init__(*args)
+        self.tables, self.recipe = tables, recipe
+        self.generator = torch.Generator().manual_seed(7)
+
+    def budget_draft(self, ctx, window, start, carried, kept):
+        if len(window):
+            prefix = tuple(ctx.committed[:start].tolist())
+            logits = torch.stack([table[prefix] for table in self.tables]).unsqueeze(1)
+            p = process(logits, ctx.positions[start : start + 1], self.recipe, ctx.constraints)
+            window.tokens[0] = torch.multinomial(p[0], 1, generator=self.generator)[0]
+        return super().budget_draft(ctx, window, start, carried, kept)
+
+
+def test_planted_proposal_that_peeks_at_the_pass_p_is_caught(tiny, monkeypatch):
+    cond, uncond, _ = tiny
+    config, _ = JOINT_CASES["budget_4"]
+    recipe = SamplingRecipe(config.cfg_scale, config.temperature, config.top_k, config.top_p)
+    made = []
+
+    def make(c):
+        made.append(PeekingDrafter([cond], recipe, c.use_ac, c.node_budget))
+        return made[-1]
+
+    monkeypatch.setattr(drafters, "make_drafter", make)
+    p_value, tv, noise = _check(tiny, config, 3000, seed0=10**6)
+    assert made, "the planted drafter never ran"
+    assert p_value < P_VALUE_PLANTED_MAX, f"a peeking proposal went unnoticed: p = {p_value:.2e}, tv {tv:.4f}"
+
+
+def _budget_cut_after_the_outcome(monkeypatch):
+    """Planted: the pass is cut where verification stopped, after seeing it (an outcome-aware
+    budget: the tree made to end at the first rejected node), so the token committed there is
+    a draw from that node's p (a bonus) instead of the residual of its rejected candidates."""
+    original = rules.RejectionRule.verify
+    calls = []
+
+    def faulty(self, p, positions, children, q):
+        accepted, next_token = original(self, p, positions, children, q)
+        calls.append(1)
+        stopped = (accepted < 0) & children.valid[:, 0]  # had candidates, all rejected
+        return accepted, torch.where(stopped, rules.sample(p, self.generator), next_token)
+
+    monkeypatch.setattr(rules.RejectionRule, "verify", faulty)
+    return calls
+
+
+def test_planted_budget_choice_from_the_pass_outcome_is_caught(tiny, monkeypatch):
+    calls = _budget_cut_after_the_outcome(monkeypatch)
+    config, _ = JOINT_CASES["budget_4"]
+    p_value, tv, noise = _check(tiny, config, 3000, seed0=10**6)
+    assert calls, "the planted fault never ran"
+    assert p_value < P_VALUE_PLANTED_MAX, f"an outcome-aware budget went unnoticed: p = {p_value:.2e}, tv {tv:.4f}"
+
+
+# --- exactness: Markov chains, deeper trees -----------------------------------------------------
+
+MV, MN = 6, 6
+RAMP = (2.0, 1.0, 0.0, -1.0, -2.0, -3.0)
+MARKOV_CASES = {
+    "budget_16": (RejectionConfig(window=8, node_budget=16), 1500),
+    "budget_48_cfg": (RejectionConfig(window=8, node_budget=48, cfg_scale=2.0), 1500),
+}
+
+
+def _markov_check(config, samples, seed0=0):
+    chains = {(0,): MarkovChain.shifted(MV, MN, RAMP, seed=0), (1,): MarkovChain.shifted(MV, MN, RAMP, seed=1)}
+    p0, trans = chains[(0,)].processed(config, uncond=chains[(1,)])
+    passes: list = []
+    tokens = draw_sequences(MarkovModel(chains), torch.tensor([0]), MN, config, samples, seed0=seed0,
+                            uncond=torch.tensor([1]), passes=passes)
+    p_value, worst = pair_laws_pvalue(tokens, markov_pair_laws(p0, trans))
+    side = sum(any(r.branch) for r in passes) / max(1, len(passes))
+    return p_value, worst, side
+
+
+@pytest.mark.parametrize("name", list(MARKOV_CASES))
+def test_budget_trees_match_the_exact_markov_marginals(name):
+    config, samples = MARKOV_CASES[name]
+    p_value, worst, side = _markov_check(config, samples)
+    assert side >= 0.2, f"{name}: a side branch won only {side:.0%} of passes"
+    assert p_value > P_VALUE_MIN, f"{name}: p = {p_value:.2e} at {worst}"
+
+
+def test_planted_outcome_budget_is_caught_on_the_markov_chain(monkeypatch):
+    # 3000 samples: p = 7e-19 and 7e-13 at seeds 10**6+ and 2 x 10**6+ (1500 gave 1e-3)
+    calls = _budget_cut_after_the_outcome(monkeypatch)
+    config, _ = MARKOV_CASES["budget_48_cfg"]
+    p_value, worst, _ = _markov_check(config, 3000, seed0=10**6)
+    assert calls
+    assert p_value < P_VALUE_PLANTED_MAX, f"p = {p_value:.2e} at {worst}"
+
+
+def test_budget_trees_behind_side_candidates_match_a_second_order_chain():
+    """Branches behind a side candidate are verified against p's fed behind that candidate: a
+    chain whose token follows its grandparent shows a branch checked in the wrong context."""
+    model = SecondOrderModel(SecondOrderChain(4, 8, (2.0, 1.0, 0.0, -1.0), seed=0, parent=0.5, grand=1.0))
+    config = RejectionConfig(window=7, node_budget=32)
+    passes: list = []
+    tokens = draw_sequences(model, torch.tensor([0]), 8, config, 1000, passes=passes)
+    deep_side = sum(1 for r in passes if any(r.branch[:-1]) and r.committed > 2) / len(passes)
+    p_value, worst = all_pairs_pvalue(tokens, model.chain.joint(config))
+    assert deep_side >= 0.05, f"paths went on behind a side candidate in only {deep_side:.0%} of passes"
+    assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
+
+
+def test_planted_branch_behind_a_side_candidate_in_the_main_context_is_caught():
+    # 1000 samples: p = 2e-55 and 2e-41 at seeds 10**6+ and 2 x 10**6+ (the correct tree: 0.75-1.0)
+    model = SecondOrderModel(SecondOrderChain(4, 8, (2.0, 1.0, 0.0, -1.0), seed=0, parent=0.5, grand=1.0))
+    config = RejectionConfig(window=7, node_budget=32)
+    with planted_fault("branch_behind_side_main_context") as calls:
+        tokens = draw_sequences(model, torch.tensor([0]), 8, config, 1000, seed0=10**6)
+    p_value, worst = all_pairs_pvalue(tokens, model.chain.joint(config))
+    assert calls.count > 0
+    assert p_value < P_VALUE_PLANTED_MAX, f"a branch verified in the main context went unnoticed: p = {p_value:.2e}"
+
+
+# --- seed-exactness (gumbel): AR, SJD and the budget drafter give the same tokens ------------------
+
+SEED_PROMPT = torch.tensor([5, 9, 13, 21, 3])
+SEED_UNCOND = torch.tensor([5, 3])
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return seed_exact_lm()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_budget_drafter_gives_the_ar_tokens_under_gumbel(lm, seed):
+    common = dict(verify="gumbel", cfg_scale=3.0, top_k=40)
+    num = 160  # long enough that a side candidate wins at every budget on both seeds (100 was not, for seed 1)
+    ar = sp.sample_tokens(lm, SEED_PROMPT, num, config=sp.SamplerConfig(method="ar", **common), seed=seed,
+                          uncond_prompt_ids=SEED_UNCOND)
+    sjd = sp.sample_tokens(lm, SEED_PROMPT, num, config=sp.SamplerConfig(method="sjd", window=16, **common),
+                           seed=seed, uncond_prompt_ids=SEED_UNCOND)
+    assert torch.equal(sjd.tokens, ar.tokens)
+    for budget in (16, 96, "auto"):
+        out = sp.sample_tokens(lm, SEED_PROMPT, num, config=sp.SamplerConfig(node_budget=budget, **common),
+                               seed=seed, uncond_prompt_ids=SEED_UNCOND)
+        assert torch.equal(out.tokens, ar.tokens), budget
+        assert out.stats.forward_passes < ar.stats.forward_passes
+        assert any(any(r.branch) for r in out.stats.records), "no side candidate ever won"
+
+
+def test_every_pass_is_padded_to_the_budget_and_makes_one_host_sync(lm):
+    out = sp.sample_tokens(lm, SEED_PROMPT, 60, config=sp.SamplerConfig(node_budget=40, verify="gumbel"), seed=0)
+    passes = out.stats.records[1:]
+    assert {r.envelope for r in passes} == {41}
+    assert all(r.window + r.tree_nodes <= 40 for r in passes)
+    assert max(r.window for r in passes) > 8 and max(r.tree_nodes for r in passes) > 8
+    assert all(r.host_syncs == 1 for r in out.stats.records)
+
+
+def test_gpu_script_times_the_budgets_tiny_on_cpu(tmp_path):
+    """benchmarks/gpu_bench.py's node-budget part runs end to end (tiny shapes, the CPU): a pass
+    of 1 + B nodes is timed and the budget drafter runs on the random 7B-shaped model's tiny twin."""
+    import json
+
+    from sjd_pac_core.bench.hardware import main as gpu_main
+
+    out = tmp_path / "gpu"
+    assert gpu_main(["--tiny", "--device", "cpu", "--out", str(out), "--max-window", "2", "--rounds", "1",
+                     "--overhead-methods", "ar", "--budgets", "4,8", "--shapes", "lumina-mgpt-tiny",
+                     "--no-demo"]) == 0
+    shape = json.loads((out / "gpu_bench.json").read_text())["shapes"][0]
+    assert list(shape["budgets"]["curve"]["ms"]) == ["1", "5", "9"]
+    rows = {r["method"]: r for r in shape["budgets"]["overhead"]}
+    assert set(rows) == {"sjd-pac@64:b4", "sjd-pac@64:b8", "sjd-pac@64:bauto"}
+    assert all(r["passes"] >= 1 for r in rows.values())
+    assert "| 8 |" in (out / "gpu_bench.md").read_text()
+
+
+def test_chain_floor():
+    assert bd.chain_floor(3.0, 256) == int(bd.CHAIN_PASSES * 3.0)
+    assert bd.chain_floor(3.0, 16) == 12  # at most three quarters of the budget
+
+
+def test_drafting_bands_and_class_table_on_hand_made_counts():
+    from sjd_pac_core.bench import drafting
+
+    assert [drafting.depth_band(d) for d in (0, 1, 2, 3, 4, 7, 8, 15, 16, 300)] == [
+        "0", "1", "2-3", "2-3", "4-7", "4-7", "8-15", "8-15", "16+", "16+"]
+    tally = drafting.Tally()
+    table = bd.AcceptanceTable(slots=4)
+    for _ in range(6):
+        table.add(1, 4, 0)  # distance 1: the draft wins 6 times,
+    for _ in range(2):
+        table.add(1, 4, 1)  # the second candidate twice,
+    for _ in range(2):
+        table.add(1, 2, -1)  # and twice both of two candidates lose (censored past slot 1)
+    table.add(bd.NEW, 1, 0)
+    tally.add_table(table)
+    text = drafting.class_table({"node budget 8 | gumbel": tally})
+    row = text.splitlines()[-1]
+    # slot 0: 6 of 10; slot 1: 2 of the 4 that reached it -> 1 - 0.4 * 0.5 = 80% within 4 (slots 2-3 unseen)
+    assert row.split(" | ")[2] == "60% / 80% / 80% (10)", row
+    assert "100% / 100% / 100% (1)" in row  # the new position
+
+
+def test_drafting_benchmark_writes_its_counts(tmp_path, capsys):
+    from sjd_pac_core.bench import drafting
+
+    out = tmp_path / "drafting.json"
+    drafting.main(["--prompts", "1", "--seeds", "0", "--budgets", "16", "--rules", "gumbel", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "node budget 16 | gumbel" in printed and "stop at 0: main / side" in printed and "distance 1" in printed
+    cells = json.loads(out.read_text())["cells"]
+    budget, fixed = cells["node budget 16 | gumbel"], cells["default tree, L=9 | gumbel"]
+    assert budget["most_nodes"] <= 16 and fixed["most_nodes"] <= 16
+    assert budget["passes"] > 0 and sum(budget["ends"].values()) == budget["passes"] - budget["runs"]
+    assert budget["at_risk"] is not None and fixed["at_risk"] is None
+
+
+def test_out_of_memory_message_names_the_node_budget():
+    from sjd_pac_app.runner import out_of_memory_message
+
+    text = out_of_memory_message(sp.SamplerConfig(node_budget=256), torch.device("cpu"))
+    assert "256 draft nodes" in text and "lower the node budget" in text
+    assert "node budget" not in out_of_memory_message(sp.SamplerConfig(window=128), torch.device("cpu"))

@@ -1,30 +1,38 @@
-"""Before a run: is this pass shape expected to be slower than plain AR on the model's device?
+"""Is this run slower than plain AR on the model's device? Said once, with the measured figures.
 
 A forward pass of SJD / SJD-PAC with a fixed window L scores 1 + L + (tree side nodes) tokens at once;
 plain AR scores one. What such a pass costs, relative to AR's, is the window cost curve that
 window="auto" chooses L from (engine/window.py: `measure_cost_curve`, measured on the live model and
-cached per model and device). A run beats AR only if each pass commits more tokens than it costs AR
-passes. No configuration has committed more than MOST_TOKENS_PER_PASS tokens per pass in this
-project's measurements, so a pass that costs more than that is expected to be slower than AR,
-whatever it accepts. The measurement is a few passes of the model (milliseconds on a GPU or for
-the demo model), made once per model, device and shape.
+cached per model and device). A run beats AR only if its passes commit more tokens than they cost
+one-token passes. Two checks follow from that, neither with a figure of its own:
+
+- before the run, the certain case: a pass commits at most L + 1 tokens (its accepted run along the
+  main chain and one token after it), so a pass that costs more one-token passes than that is slower
+  than AR whatever it accepts (`slower_than_ar`);
+- during the run, the expected case: once the run has made JUDGED_PASSES passes after the prompt, the
+  tokens those passes committed are set against what they cost; fewer tokens than cost means the run
+  is going slower than AR (`running_slower_than_ar`, through `RunPace.during`).
+
+The measurement is a few passes of the model (milliseconds on a GPU or for the demo model), made once
+per model, device and shape.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import torch
 
 from .config import SamplerConfig
+from .engine.stats import RunStats
 from .engine.window import CostCurve, cached_cost_curve, measure_cost_curve
 from .models.image_model import ARImageModel, PromptEncoding
 
-# Tokens per forward pass: the most any configuration reached in docs/benchmark.md ("Drafting": 6.04x
-# at L = 64 with 16 candidates per chain position, 6.44x with chain width 3); the paper's Lumina-mGPT
-# runs reach about 3.5x. A pass dearer than this many one-token passes cannot pay for itself.
-MOST_TOKENS_PER_PASS = 6.5
 REPEATS = 5  # the fastest of 5 passes of each size counts: a busy machine slows some of them
+# Passes after the prompt's before a run's pace is judged: a policy, not a measured figure. Fewer
+# passes say little about acceptance; many more would say it when most of the run is spent.
+JUDGED_PASSES = 8
 
 
 def pass_nodes(config: SamplerConfig) -> int:
@@ -32,19 +40,79 @@ def pass_nodes(config: SamplerConfig) -> int:
     return 1 + config.window_size + config.tree_side_nodes
 
 
-def slower_than_ar(config: SamplerConfig, cost: CostCurve, device: str = "this device") -> Optional[str]:
-    """One sentence when a pass of `config`'s shape costs more one-token passes than any run has
-    committed tokens per pass (so the run is expected to be slower than AR); None otherwise."""
-    if config.method == "ar" or config.auto_window:
-        return None  # AR is AR; window="auto" chooses L (and the tree) from this very curve
-    nodes = pass_nodes(config)
+def most_tokens_per_pass(config: SamplerConfig) -> int:
+    """The most tokens one pass can commit: its accepted run along the main chain (L drafts at most;
+    a tree branch or side chain is never longer) and the one token sampled after it."""
+    return config.window_size + 1
+
+
+def pass_ratio(cost: CostCurve, nodes: float) -> Optional[float]:
+    """What a pass of `nodes` tokens costs in one-token passes; None when the curve says more than
+    `nodes` separate passes, which is timer noise (a busy machine), not the shape's cost."""
     ratio = cost(nodes) / max(cost(1), 1e-12)
-    if ratio <= MOST_TOKENS_PER_PASS or ratio > nodes:
-        return None  # cheap enough; or dearer than `nodes` separate passes, which is timer noise (a busy machine)
+    return None if ratio > nodes else ratio
+
+
+def _fix(config: SamplerConfig) -> str:
+    return "use a smaller L, D or K, or L = 'auto'" if config.tree_side_nodes else "use a smaller L or L = 'auto'"
+
+
+def _judged(config: SamplerConfig) -> bool:
+    return config.method != "ar" and not config.auto_window  # window="auto" picks L (and the tree) from the curve
+
+
+def slower_than_ar(config: SamplerConfig, cost: CostCurve, device: str = "this device") -> Optional[str]:
+    """Before the run: one sentence when a pass of `config`'s shape costs more one-token passes than
+    it can commit tokens (so the run is certainly slower than AR); None otherwise."""
+    if not _judged(config):
+        return None
+    nodes, most = pass_nodes(config), most_tokens_per_pass(config)
+    ratio = pass_ratio(cost, nodes)
+    if ratio is None or ratio <= most:
+        return None
     tree = f" and a {config.tree_side_nodes}-node tree" if config.tree_side_nodes else ""
-    return (f"A pass of L = {config.window}{tree} ({nodes} tokens) costs about {ratio:.0f} one-token passes on "
-            f"{device}, more than the {MOST_TOKENS_PER_PASS:g} tokens per pass any setting has reached, so this "
-            "run is expected to be slower than AR; use a smaller L, D or K, or L = 'auto'.")
+    return (f"A pass of L = {config.window}{tree} ({nodes} tokens) costs about {ratio:.1f} one-token passes on "
+            f"{device}, more than the {most} tokens a pass can commit, so this run will be slower than AR; "
+            f"{_fix(config)}.")
+
+
+def running_slower_than_ar(config: SamplerConfig, passes: int, tokens_per_pass: float, ratio: float,
+                           device: str = "this device") -> Optional[str]:
+    """During the run: one sentence when `passes` passes committed fewer tokens each than they cost
+    one-token passes (`ratio`), so the run is going slower than AR; None otherwise."""
+    if not _judged(config) or tokens_per_pass >= ratio:
+        return None
+    return (f"Its first {passes} passes committed {tokens_per_pass:.2f} tokens each but cost about {ratio:.2f} "
+            f"one-token passes each on {device}, so this run is going slower than AR; {_fix(config)}.")
+
+
+@dataclass
+class RunPace:
+    """A run's pace against AR: the certain case before it (`before`), and the measured one once
+    (`during`, called after every pass with the run's statistics). Says nothing without a curve."""
+
+    config: SamplerConfig
+    cost: Optional[CostCurve]
+    device: str = "this device"
+    judged: bool = field(default=False, init=False)
+
+    @property
+    def before(self) -> Optional[str]:
+        return slower_than_ar(self.config, self.cost, self.device) if self.cost is not None else None
+
+    def during(self, stats: RunStats) -> Optional[str]:
+        """The measured sentence, the first time the run has JUDGED_PASSES passes after the prompt
+        and they went slower than AR; None before, after and otherwise. Judged once per RunPace."""
+        if self.judged or self.cost is None or len(stats.records) <= JUDGED_PASSES:
+            return None
+        self.judged = True
+        passes = stats.records[1 : JUDGED_PASSES + 1]  # the prompt's pass commits one token, as AR's does
+        nodes = sum(r.envelope or pass_nodes(self.config) for r in passes) / len(passes)
+        ratio = pass_ratio(self.cost, nodes)
+        if ratio is None:
+            return None
+        tokens = sum(r.committed for r in passes) / len(passes)
+        return running_slower_than_ar(self.config, len(passes), tokens, ratio, self.device)
 
 
 def cost_curve(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig,
@@ -68,11 +136,19 @@ def cost_curve(model: ARImageModel, encoding: PromptEncoding, config: SamplerCon
         session.close()
 
 
+def device_words(model: ARImageModel) -> str:
+    kind = model.device.type
+    return "the GPU" if kind == "cuda" else ("the Mac's GPU" if kind == "mps" else "this CPU")
+
+
+def run_pace(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig) -> RunPace:
+    """The RunPace of a run about to start (measuring the curve if needed; not for AR or window="auto")."""
+    cost = cost_curve(model, encoding, config) if _judged(config) else None
+    return RunPace(config, cost, device_words(model))
+
+
 def slow_shape_warning(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig) -> Optional[str]:
     """`slower_than_ar` for a run about to start (measuring the curve if needed)."""
-    if config.method == "ar" or config.auto_window or pass_nodes(config) <= MOST_TOKENS_PER_PASS:
+    if not _judged(config) or pass_nodes(config) <= most_tokens_per_pass(config):
         return None  # nothing to measure: a pass of that few tokens costs at most that many passes
-    device = "the GPU" if model.device.type == "cuda" else ("the Mac's GPU" if model.device.type == "mps"
-                                                          else "this CPU")
-    return slower_than_ar(config, cost_curve(model, encoding, config), device)
-
+    return run_pace(model, encoding, config).before

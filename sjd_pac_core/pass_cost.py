@@ -9,9 +9,11 @@ one-token passes. Two checks follow from that, neither with a figure of its own:
 - before the run, the certain case: a pass commits at most L + 1 tokens (its accepted run along the
   main chain and one token after it), so a pass that costs more one-token passes than that is slower
   than AR whatever it accepts (`slower_than_ar`);
-- during the run, the expected case: once the run has made JUDGED_PASSES passes after the prompt, the
-  tokens those passes committed are set against what they cost; fewer tokens than cost means the run
-  is going slower than AR (`running_slower_than_ar`, through `RunPace.during`).
+- during the run, the expected case: once a quarter of the image is committed (JUDGED_SHARE), the
+  tokens the run's passes committed are set against what its fastest pass cost, in one-token passes
+  (`running_slower_than_ar`, through `RunPace.during`). Both figures are measured: the first passes of
+  an image accept far fewer tokens than later ones, and a pass's fastest time, like the probe's
+  one-token time, leaves out what a busy machine adds to some passes, so the two compare like with like.
 
 The measurement is a few passes of the model (milliseconds on a GPU or for the demo model), made once
 per model, device and shape.
@@ -30,9 +32,10 @@ from .engine.window import CostCurve, cached_cost_curve, measure_cost_curve
 from .models.image_model import ARImageModel, PromptEncoding
 
 REPEATS = 5  # the fastest of 5 passes of each size counts: a busy machine slows some of them
-# Passes after the prompt's before a run's pace is judged: a policy, not a measured figure. Fewer
-# passes say little about acceptance; many more would say it when most of the run is spent.
-JUDGED_PASSES = 8
+# The share of the image committed before a run's pace is judged: a policy, not a measured figure.
+# The first rows accept far fewer tokens per pass than the rest (a shorter stretch misjudges good
+# runs); a longer one would say it when most of the run is spent.
+JUDGED_SHARE = 0.25
 
 
 def pass_nodes(config: SamplerConfig) -> int:
@@ -49,7 +52,10 @@ def most_tokens_per_pass(config: SamplerConfig) -> int:
 def pass_ratio(cost: CostCurve, nodes: float) -> Optional[float]:
     """What a pass of `nodes` tokens costs in one-token passes; None when the curve says more than
     `nodes` separate passes, which is timer noise (a busy machine), not the shape's cost."""
-    ratio = cost(nodes) / max(cost(1), 1e-12)
+    return _unless_noise(cost(nodes) / max(cost(1), 1e-12), nodes)
+
+
+def _unless_noise(ratio: float, nodes: float) -> Optional[float]:
     return None if ratio > nodes else ratio
 
 
@@ -78,12 +84,12 @@ def slower_than_ar(config: SamplerConfig, cost: CostCurve, device: str = "this d
 
 def running_slower_than_ar(config: SamplerConfig, passes: int, tokens_per_pass: float, ratio: float,
                            device: str = "this device") -> Optional[str]:
-    """During the run: one sentence when `passes` passes committed fewer tokens each than they cost
-    one-token passes (`ratio`), so the run is going slower than AR; None otherwise."""
+    """During the run: one sentence when its `passes` passes committed fewer tokens each than its
+    fastest pass cost one-token passes (`ratio`), so the run is going slower than AR; None otherwise."""
     if not _judged(config) or tokens_per_pass >= ratio:
         return None
-    return (f"Its first {passes} passes committed {tokens_per_pass:.2f} tokens each but cost about {ratio:.2f} "
-            f"one-token passes each on {device}, so this run is going slower than AR; {_fix(config)}.")
+    return (f"Its first {passes} passes committed {tokens_per_pass:.2f} tokens each, but even the fastest of them "
+            f"cost {ratio:.2f} one-token passes on {device}, so this run is going slower than AR; {_fix(config)}.")
 
 
 @dataclass
@@ -101,14 +107,14 @@ class RunPace:
         return slower_than_ar(self.config, self.cost, self.device) if self.cost is not None else None
 
     def during(self, stats: RunStats) -> Optional[str]:
-        """The measured sentence, the first time the run has JUDGED_PASSES passes after the prompt
-        and they went slower than AR; None before, after and otherwise. Judged once per RunPace."""
-        if self.judged or self.cost is None or len(stats.records) <= JUDGED_PASSES:
+        """The measured sentence, the first time the run has committed JUDGED_SHARE of its image,
+        if it is going slower than AR; None before, after and otherwise. Judged once per RunPace."""
+        passes = stats.records[1:]  # the prompt's pass commits one token, as AR's does
+        if self.judged or self.cost is None or not passes or stats.tokens_committed < JUDGED_SHARE * stats.num_tokens:
             return None
         self.judged = True
-        passes = stats.records[1 : JUDGED_PASSES + 1]  # the prompt's pass commits one token, as AR's does
         nodes = sum(r.envelope or pass_nodes(self.config) for r in passes) / len(passes)
-        ratio = pass_ratio(self.cost, nodes)
+        ratio = _unless_noise(min(r.forward_time for r in passes) / max(self.cost(1), 1e-12), nodes)
         if ratio is None:
             return None
         tokens = sum(r.committed for r in passes) / len(passes)

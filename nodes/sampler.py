@@ -240,7 +240,7 @@ def pace_of(model, prompt: str, negative_prompt: str, resolution: Optional[str],
     try:
         encoding = model.encode_prompt(prompt, negative_prompt, resolution)
         with torch_threads(threads_for(model)):  # timed as the run will run
-            return run_pace(model, encoding, config)
+            return run_pace(model, encoding, config, auto="window 0 (auto)")
     except Exception:
         log.debug("sjd-pac: the pass-cost check failed", exc_info=True)
         return RunPace(config, None)

@@ -36,6 +36,7 @@ REPEATS = 5  # the fastest of 5 passes of each size counts: a busy machine slows
 # The first rows accept far fewer tokens per pass than the rest (a shorter stretch misjudges good
 # runs); a longer one would say it when most of the run is spent.
 JUDGED_SHARE = 0.25
+AUTO_WORDS = "L = 'auto'"  # how a front end spells the automatic window (the nodes: window 0)
 
 
 def pass_nodes(config: SamplerConfig) -> int:
@@ -59,15 +60,19 @@ def _unless_noise(ratio: float, nodes: float) -> Optional[float]:
     return None if ratio > nodes else ratio
 
 
-def _fix(config: SamplerConfig) -> str:
-    return "use a smaller L, D or K, or L = 'auto'" if config.tree_side_nodes else "use a smaller L or L = 'auto'"
+def _fix(config: SamplerConfig, auto: str, window: bool = True) -> str:
+    """The fix: a smaller pass (the tree alone when a smaller L cannot help), or the automatic window."""
+    if not config.tree_side_nodes:
+        return f"use a smaller L or {auto}"
+    return f"use a smaller L, D or K, or {auto}" if window else f"use a smaller D or K, or {auto}"
 
 
 def _judged(config: SamplerConfig) -> bool:
     return config.method != "ar" and not config.auto_window  # window="auto" picks L (and the tree) from the curve
 
 
-def slower_than_ar(config: SamplerConfig, cost: CostCurve, device: str = "this device") -> Optional[str]:
+def slower_than_ar(config: SamplerConfig, cost: CostCurve, device: str = "this device",
+                   auto: str = AUTO_WORDS) -> Optional[str]:
     """Before the run: one sentence when a pass of `config`'s shape costs more one-token passes than
     it can commit tokens (so the run is certainly slower than AR); None otherwise."""
     if not _judged(config):
@@ -79,17 +84,17 @@ def slower_than_ar(config: SamplerConfig, cost: CostCurve, device: str = "this d
     tree = f" and a {config.tree_side_nodes}-node tree" if config.tree_side_nodes else ""
     return (f"A pass of L = {config.window}{tree} ({nodes} tokens) costs about {ratio:.1f} one-token passes on "
             f"{device}, more than the {most} tokens a pass can commit, so this run will be slower than AR; "
-            f"{_fix(config)}.")
+            f"{_fix(config, auto, window=False)}.")
 
 
 def running_slower_than_ar(config: SamplerConfig, passes: int, tokens_per_pass: float, ratio: float,
-                           device: str = "this device") -> Optional[str]:
+                           device: str = "this device", auto: str = AUTO_WORDS) -> Optional[str]:
     """During the run: one sentence when its `passes` passes committed fewer tokens each than its
     fastest pass cost one-token passes (`ratio`), so the run is going slower than AR; None otherwise."""
     if not _judged(config) or tokens_per_pass >= ratio:
         return None
     return (f"Its first {passes} passes committed {tokens_per_pass:.2f} tokens each, but even the fastest of them "
-            f"cost {ratio:.2f} one-token passes on {device}, so this run is going slower than AR; {_fix(config)}.")
+            f"cost {ratio:.2f} one-token passes on {device}, so this run is going slower than AR; {_fix(config, auto)}.")
 
 
 @dataclass
@@ -100,25 +105,29 @@ class RunPace:
     config: SamplerConfig
     cost: Optional[CostCurve]
     device: str = "this device"
+    auto: str = AUTO_WORDS
     judged: bool = field(default=False, init=False)
 
     @property
     def before(self) -> Optional[str]:
-        return slower_than_ar(self.config, self.cost, self.device) if self.cost is not None else None
+        return slower_than_ar(self.config, self.cost, self.device, self.auto) if self.cost is not None else None
 
     def during(self, stats: RunStats) -> Optional[str]:
         """The measured sentence, the first time the run has committed JUDGED_SHARE of its image,
-        if it is going slower than AR; None before, after and otherwise. Judged once per RunPace."""
+        if it is going slower than AR; None before, after, when `before` said it, and otherwise.
+        Judged once per RunPace."""
         passes = stats.records[1:]  # the prompt's pass commits one token, as AR's does
         if self.judged or self.cost is None or not passes or stats.tokens_committed < JUDGED_SHARE * stats.num_tokens:
             return None
         self.judged = True
+        if self.before:
+            return None  # said before the run, for certain
         nodes = sum(r.envelope or pass_nodes(self.config) for r in passes) / len(passes)
         ratio = _unless_noise(min(r.forward_time for r in passes) / max(self.cost(1), 1e-12), nodes)
         if ratio is None:
             return None
         tokens = sum(r.committed for r in passes) / len(passes)
-        return running_slower_than_ar(self.config, len(passes), tokens, ratio, self.device)
+        return running_slower_than_ar(self.config, len(passes), tokens, ratio, self.device, self.auto)
 
 
 def cost_curve(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig,
@@ -147,10 +156,11 @@ def device_words(model: ARImageModel) -> str:
     return "the GPU" if kind == "cuda" else ("the Mac's GPU" if kind == "mps" else "this CPU")
 
 
-def run_pace(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig) -> RunPace:
+def run_pace(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig,
+             auto: str = AUTO_WORDS) -> RunPace:
     """The RunPace of a run about to start (measuring the curve if needed; not for AR or window="auto")."""
     cost = cost_curve(model, encoding, config) if _judged(config) else None
-    return RunPace(config, cost, device_words(model))
+    return RunPace(config, cost, device_words(model), auto)
 
 
 def slow_shape_warning(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig) -> Optional[str]:

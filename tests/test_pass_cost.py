@@ -100,6 +100,13 @@ def test_a_run_going_slower_than_ar_is_named_once_with_the_measured_figures(knob
         assert "going slower than AR" in note and note.count(". ") == 0 and note.endswith("'auto'.")
 
 
+def test_a_run_said_to_be_slower_before_it_is_not_told_again():
+    config = sp.SamplerConfig(method="sjd_pac", window=4, **BIG_TREE)
+    pace = pass_cost.RunPace(config, CPU, "this CPU")
+    assert pace.before and pace.during(run_stats([1] * 8, pass_cost.pass_nodes(config), [0.1] * 8)) is None
+    assert pace.judged
+
+
 def test_a_run_without_a_curve_says_nothing():
     pace = pass_cost.RunPace(sp.SamplerConfig(**SJD32), None)
     assert pace.before is None and pace.during(run_stats([1] * 8, 33, [1e-3] * 8)) is None
@@ -134,9 +141,9 @@ def measured_slow(monkeypatch):
     speed, to check where the front ends say it. Yields the figures the rule was given."""
     given = []
 
-    def slow(config, passes, tokens_per_pass, ratio, device="this device"):
+    def slow(config, passes, tokens_per_pass, ratio, *where):
         given.append((passes, tokens_per_pass, ratio))
-        return REAL_RULE(config, passes, tokens_per_pass, tokens_per_pass + 1.0, device)
+        return REAL_RULE(config, passes, tokens_per_pass, tokens_per_pass + 1.0, *where)
 
     monkeypatch.setattr(pass_cost, "running_slower_than_ar", slow)
     return given
@@ -203,4 +210,5 @@ def test_the_nodes_say_it_before_the_run_and_once_measured_and_in_the_stats(
         assert seen.index(True) == (0 if phrase.startswith("will") else judged_at(stats.runs[0]) + 1), knobs
         assert sum(phrase in r.message for r in caplog.records) == 1
         text = report.report(stats)["result"][1]
-        assert sum(line.startswith("warning: ") and phrase in line for line in text.splitlines()) == 1
+        said = [line for line in text.splitlines() if line.startswith("warning: ") and phrase in line]
+        assert len(said) == 1 and said[0].endswith("or window 0 (auto).")  # the widget's way to say auto

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 import os
 import sys
 import threading
@@ -98,9 +99,13 @@ RESOLUTIONS_ROUTE = "/sjd_pac/resolutions"  # GET ?model=<loader choice> -> JSON
 
 def copy_folder(function: object) -> str:
     """The custom_nodes folder of the copy of the pack that defined `function` ("" if unknown):
-    ComfyUI imports a pack under its folder's name (e.g. sjd-pac-main.nodes.comfy_bridge)."""
+    ComfyUI 0.3.64 imports a pack under its folder's path (/.../custom_nodes/sjd-pac-main.nodes.
+    comfy_bridge), other loaders under a dotted name (custom_nodes.sjd-pac.nodes.comfy_bridge)."""
     module = str(getattr(function, "__module__", "") or "")
-    return module.rsplit(".nodes.", 1)[0].split(".")[-1] if ".nodes." in module else ""
+    if ".nodes." not in module:
+        return ""
+    package = module.rsplit(".nodes.", 1)[0]
+    return re.split(r"[\\/]", package)[-1] if re.search(r"[\\/]", package) else package.split(".")[-1]
 
 
 def two_copies_message(first: str, this: str) -> str:

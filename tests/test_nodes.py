@@ -719,7 +719,10 @@ def test_a_second_copy_of_the_pack_names_both_copies_and_the_fix(pack, bridge, m
     assert message.count(". ") == 0 and message.endswith("restart ComfyUI.")
 
 
-@pytest.mark.parametrize("module, folder", [("sjd-pac-main.nodes.comfy_bridge", "sjd-pac-main"),
+@pytest.mark.parametrize("module, folder", [
+    ("/work/comfyui/custom_nodes/sjd-pac-main.nodes.comfy_bridge", "sjd-pac-main"),  # ComfyUI 0.3.64
+    ("C:\\ComfyUI\\custom_nodes\\sjd-pac.v2.nodes.comfy_bridge", "sjd-pac.v2"),
+    ("sjd-pac-main.nodes.comfy_bridge", "sjd-pac-main"),
                                             ("custom_nodes.sjd-pac.nodes.comfy_bridge", "sjd-pac"),
                                             ("nodes.comfy_bridge", ""), ("", "")])
 def test_copy_folder_reads_the_module_comfyui_imported(bridge, module, folder):

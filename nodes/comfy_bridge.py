@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 import os
 import sys
 import threading
@@ -96,6 +97,26 @@ def model_roots() -> List[str]:
 RESOLUTIONS_ROUTE = "/sjd_pac/resolutions"  # GET ?model=<loader choice> -> JSON (nodes.loader)
 
 
+def copy_folder(function: object) -> str:
+    """The custom_nodes folder of the copy of the pack that defined `function` ("" if unknown):
+    ComfyUI 0.3.64 imports a pack under its folder's path (/.../custom_nodes/sjd-pac-main.nodes.
+    comfy_bridge), other loaders under a dotted name (custom_nodes.sjd-pac.nodes.comfy_bridge)."""
+    module = str(getattr(function, "__module__", "") or "")
+    if ".nodes." not in module:
+        return ""
+    package = module.rsplit(".nodes.", 1)[0]
+    return re.split(r"[\\/]", package)[-1] if re.search(r"[\\/]", package) else package.split(".")[-1]
+
+
+def two_copies_message(first: str, this: str) -> str:
+    """What a second copy of the pack says as it loads: which copies, which one runs, the fix."""
+    if first and this and first != this:
+        return (f"two copies of the pack are installed (custom_nodes/{first} and custom_nodes/{this}); ComfyUI "
+                f"runs the nodes of {this}, the one it loaded last, so delete the other folder and restart ComfyUI.")
+    return ("another copy of the pack is installed in custom_nodes and ComfyUI runs the nodes of the one it "
+            "loaded last, so delete the other copy's folder and restart ComfyUI.")
+
+
 def register_routes(resolutions_for: Callable[[str], dict]) -> bool:
     """Add RESOLUTIONS_ROUTE to ComfyUI's server once per process (a no-op outside ComfyUI);
     True when it is served.
@@ -113,8 +134,10 @@ def register_routes(resolutions_for: Callable[[str], dict]) -> bool:
 
     # Two copies of the pack (a clone next to a Manager install) each load: the first one's route
     # serves both (aiohttp refuses a second GET on one path and ComfyUI would not start).
-    if any(getattr(route, "path", None) == RESOLUTIONS_ROUTE for route in routes):
-        log.info("sjd-pac: %s is already served (another copy of the pack is loaded)", RESOLUTIONS_ROUTE)
+    first = next((route for route in routes if getattr(route, "path", None) == RESOLUTIONS_ROUTE), None)
+    if first is not None:
+        log.warning("sjd-pac: %s", two_copies_message(copy_folder(getattr(first, "handler", None)),
+                                                      copy_folder(resolutions)))
         return True
     try:
         routes.get(RESOLUTIONS_ROUTE)(resolutions)

@@ -14,7 +14,7 @@ from sjd_pac_core import ConfigError, Progress, SamplerConfig
 from sjd_pac_core.config import MAX_TREE_NODES, MAX_WINDOW, METHODS, VERIFY_RULES, tree_node_count
 from sjd_pac_core.demo import EXAMPLE_PROMPT
 from sjd_pac_core.models.sizes import known_resolutions
-from sjd_pac_core.pass_cost import slow_shape_warning
+from sjd_pac_core.pass_cost import RunPace, run_pace
 from sjd_pac_core.sampling.seeds import SEED_MAX
 from sjd_pac_core.settings import RECORD_PNG_KEY, config_from_settings, pointless_setting_warnings, run_record
 from sjd_pac_core.threads import threads_for, torch_threads
@@ -235,17 +235,17 @@ class LiveReporter:
         self.pending = []
 
 
-def slow_shape_note(model, prompt: str, negative_prompt: str, resolution: Optional[str],
-                    config: SamplerConfig) -> Optional[str]:
-    """pass_cost's sentence when this pass shape is expected to be slower than AR here (None when not,
-    or when the measurement fails: the run then reports the problem itself)."""
+def pace_of(model, prompt: str, negative_prompt: str, resolution: Optional[str], config: SamplerConfig) -> RunPace:
+    """pass_cost's RunPace for this run: its sentence before the run (the certain case) and, once,
+    during it (measured); one that says nothing when the measurement fails (the run then reports
+    the problem itself)."""
     try:
         encoding = model.encode_prompt(prompt, negative_prompt, resolution)
         with torch_threads(threads_for(model)):  # timed as the run will run
-            return slow_shape_warning(model, encoding, config)
+            return run_pace(model, encoding, config, auto="window 0 (auto)")
     except Exception:
         log.debug("sjd-pac: the pass-cost check failed", exc_info=True)
-        return None
+        return RunPace(config, None)
 
 
 def run_sampler(
@@ -257,16 +257,24 @@ def run_sampler(
     res = None if resolution in (None, "", "default") else resolution
     model.check_resolution(res)  # a clear error before any model work
     reporter = LiveReporter(model, res, node_id, batch_size, config.method)
-    slow = slow_shape_note(model, prompt, negative_prompt, res, config)
+    pace = pace_of(model, prompt, negative_prompt, res, config)
+    slow = [pace.before] if pace.before else []
     if slow:  # said before the run, in the console; SJD Stats repeats it
-        log.warning("sjd-pac: %s", slow)
+        log.warning("sjd-pac: %s", slow[0])
+
+    def on_pass(progress: Progress) -> None:
+        reporter(progress)
+        slow_now = pace.during(progress.stats)
+        if slow_now:  # measured on the run's first passes: said in the console now, in SJD Stats after
+            log.warning("sjd-pac: %s", slow_now)
+            slow.append(slow_now)
     try:
         # Small models run fastest on one thread (a busy CPU made the demo 5-7x slower otherwise).
         with warnings.catch_warnings(record=True) as caught, torch_threads(threads_for(model)) as threads:
             warnings.simplefilter("always")
             result = sp.generate_image(
                 model, prompt, config=config, seed=seed, negative_prompt=negative_prompt,
-                resolution=res, callback=reporter, batch_size=int(batch_size),
+                resolution=res, callback=on_pass, batch_size=int(batch_size),
             )
     except BaseException:
         comfy_bridge.soft_empty_cache()  # the loop has freed its KV cache; hand the memory back
@@ -274,7 +282,7 @@ def run_sampler(
     notes = [str(w.message) for w in caught] + pointless_setting_warnings(config)
     for note in notes:
         log.warning("sjd-pac: %s", note)
-    notes += [slow] if slow else []
+    notes += slow
     tokens = result.tokens.reshape(batch_size, -1).cpu()
     out = ARImageTokens(tokens=tokens, resolution=result.encoding.resolution, model=handle, seeds=result.image_seeds)
     key = (handle.key, prompt, negative_prompt, result.seed, result.encoding.resolution, int(batch_size),

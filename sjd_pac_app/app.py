@@ -33,6 +33,7 @@ from .runner import (
     defaults_of,
     free_memory,
     friendly_error,
+    pace_of,
     png_text,
     prompt_words,
     run_settings,
@@ -176,12 +177,18 @@ class SjdPacApp:
             if setup is None:
                 return
             model, settings, encoding = setup
-            warnings = pointless_setting_warnings(settings.config) + slow_shape_notes(model, encoding,
-                                                                                     [settings.config])
+            pace = pace_of(model, encoding, settings.config)
+            label = METHOD_LABELS[settings.config.method]
+            warnings = pointless_setting_warnings(settings.config) + ([f"{label}: {pace.before}"] if pace.before
+                                                                      else [])
             notes = [*warnings, *encoding.warnings]
             first = True
             for update in stream_generation(model, settings.prompt, settings.config, settings.seed, stop,
                                             settings.negative_prompt, encoding.resolution, self.interval):
+                slow_now = pace.during(update.stats) if update.stats is not None else None
+                if slow_now:  # measured on the run's first passes: shown from this frame on
+                    warnings.append(f"{label}: {slow_now}")
+                    notes.append(warnings[-1])
                 yield self._live_outputs(model, update, settings, warnings, notes, select_tab=first)
                 first = False
         finally:

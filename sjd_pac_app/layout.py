@@ -83,6 +83,18 @@ document.addEventListener('keydown', (e) => {
 </script>"""
 
 
+# Stop, as the page sends it. Browsers open at most six connections per host for a profile, and a
+# tab whose run is going or waiting holds one (its queue stream): with six such tabs, a plain
+# request waits for a run to end (seen: 6.9 s, until the run it was meant to stop had finished).
+# A request without credentials travels on connections of its own, so Stop is answered at once.
+STOP_JS = """() => {
+  const url = new URL('gradio_api/run/stop', window.location.href.replace(/[?#].*$/, '').replace(/\\/?$/, '/'));
+  fetch(url, {method: 'POST', credentials: 'omit', headers: {'Content-Type': 'application/json'},
+              body: JSON.stringify({data: [], session_hash: window.__gradio_session_hash__})});
+  return [];
+}"""
+
+
 def theme() -> gr.themes.Base:
     """Gradio's Soft theme with every text dark enough for WCAG AA (>= 4.5:1): hints and info text,
     the field and image labels (orange 800 on orange 100, not 500), the primary button and the
@@ -317,8 +329,12 @@ def build(app: Any) -> gr.Blocks:
         cmp_check.success(app.gate, cmp_ticket, None, preprocess=False, **instant).success(
             app.compare, [*cmp_inputs, cmp_ticket], [tabs, *cmp_images, *cmp_cards, cmp_summary, message, cmp_json],
             api_name="compare", preprocess=False, **common)
-        # Not queued: Stop must act while the sampler's slot is busy and on queued runs.
-        stop_btn.click(app.stop, None, None, api_name="stop", queue=False, show_progress="hidden")
+        # Not queued: Stop must act while the sampler's slot is busy and on queued runs. The button
+        # posts to the API's /stop itself, without credentials (STOP_JS); the hidden button only
+        # gives /stop its endpoint (API clients call it too).
+        stop_api = gr.Button(visible=False, elem_id="stop-api")
+        stop_api.click(app.stop, None, None, api_name="stop", queue=False, show_progress="hidden")
+        stop_btn.click(None, None, None, js=STOP_JS, queue=False, show_progress="hidden", api_name=False)
     blocks.queue(max_size=32)
     return blocks
 

@@ -24,7 +24,7 @@ from PIL import Image, PngImagePlugin
 import sjd_pac_core as sp
 from sjd_pac_core.config import ConfigError, SamplerConfig
 from sjd_pac_core.files import Kept, keep
-from sjd_pac_core.pass_cost import slow_shape_warning
+from sjd_pac_core.pass_cost import RunPace, run_pace, slow_shape_warning
 from sjd_pac_core.settings import RECORD_PNG_KEY, config_from_settings, run_record, seed_value, whole_number
 from sjd_pac_core.threads import threads_for, torch_threads
 from sjd_pac_core.models.loader import detect_family, read_config, resolve_device, resolve_folder
@@ -273,6 +273,16 @@ def slow_shape_notes(model: sp.ARImageModel, encoding: sp.PromptEncoding, config
         if note and note not in notes:
             notes.append(f"{METHOD_LABELS[config.method]}: {note}")
     return notes
+
+
+def pace_of(model: sp.ARImageModel, encoding: sp.PromptEncoding, config: SamplerConfig) -> RunPace:
+    """pass_cost's RunPace for a Generate run: the certain sentence before it, the measured one
+    once during it. A measurement that fails says nothing: the run itself then reports the problem."""
+    try:
+        with torch_threads(threads_for(model)):  # timed as the run will run
+            return run_pace(model, encoding, config)
+    except Exception:
+        return RunPace(config, None)
 
 
 # --- stopping ----------------------------------------------------------------------------------

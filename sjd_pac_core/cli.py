@@ -195,7 +195,7 @@ def _generate(args) -> int:
     from tqdm import tqdm
 
     from .images import upscale
-    from .pass_cost import slow_shape_warning
+    from .pass_cost import run_pace
     from .settings import pointless_setting_warnings, run_record, seed_note, settings_line
     from .threads import threads_for, torch_threads
 
@@ -208,11 +208,15 @@ def _generate(args) -> int:
     encoding = model.encode_prompt(args.prompt, args.negative_prompt, args.resolution)
     encoding_tokens = encoding.layout.num_tokens
     bar = tqdm(total=encoding_tokens * args.batch_size, unit="tok", desc=config.method, disable=args.quiet)
+    pace = None
 
     def on_pass(progress: sp.Progress) -> None:
         bar.update(progress.record.committed)
         bar.set_postfix(passes=progress.stats.forward_passes,
                         tokens_per_pass=f"{progress.stats.step_compression:.2f}")
+        slow_now = pace.during(progress.stats) if pace is not None else None
+        if slow_now:  # measured on this run's first passes; said once
+            bar.write(f"warning: {slow_now}", file=sys.stderr)
 
     threads = args.threads if args.threads else threads_for(model)
     with warnings.catch_warnings(), torch_threads(threads) as threads_used:  # restores showwarning
@@ -220,9 +224,9 @@ def _generate(args) -> int:
         warnings.showwarning = lambda message, *_, **__: print(f"warning: {message}", file=sys.stderr)
         for message in pointless_setting_warnings(config):
             warnings.warn(message)
-        slow = slow_shape_warning(model, encoding, config)  # a few timed passes, before the run
-        if slow:
-            warnings.warn(slow)
+        pace = run_pace(model, encoding, config)  # a few timed passes, before the run
+        if pace.before:
+            warnings.warn(pace.before)
         result = sp.generate_image(model, args.prompt, config=config, seed=args.seed,
                                    negative_prompt=args.negative_prompt, resolution=args.resolution,
                                    callback=on_pass, batch_size=args.batch_size)

@@ -1,30 +1,46 @@
-"""Before a run: is this pass shape expected to be slower than plain AR on the model's device?
+"""Is this run slower than plain AR on the model's device? Said once, with the measured figures.
 
 A forward pass of SJD / SJD-PAC with a fixed window L scores 1 + L + (tree side nodes) tokens at once;
 plain AR scores one. What such a pass costs, relative to AR's, is the window cost curve that
 window="auto" chooses L from (engine/window.py: `measure_cost_curve`, measured on the live model and
-cached per model and device). A run beats AR only if each pass commits more tokens than it costs AR
-passes. No configuration has committed more than MOST_TOKENS_PER_PASS tokens per pass in this
-project's measurements, so a pass that costs more than that is expected to be slower than AR,
-whatever it accepts. The measurement is a few passes of the model (milliseconds on a GPU or for
-the demo model), made once per model, device and shape.
+cached per model and device). A run beats AR only if its passes commit more tokens than they cost
+one-token passes. Two checks follow from that, neither with a figure of its own:
+
+- before the run, the certain case: a pass commits at most L + 1 tokens (its accepted run along the
+  main chain and one token after it), so a pass that costs more one-token passes than that is slower
+  than AR whatever it accepts (`slower_than_ar`);
+- during the run, the expected case: once a quarter of the image is committed (JUDGED_SHARE), the
+  tokens the run's passes committed are set against what its fastest pass cost, in one-token passes
+  (`running_slower_than_ar`, through `RunPace.during`). Both figures are measured: the first passes of
+  an image accept far fewer tokens than later ones, and a pass's fastest time, like the probe's
+  one-token time, leaves out what a busy machine adds to some passes, so the two compare like with like.
+
+The measurement is a few passes of the model (milliseconds on a GPU or for the demo model), made once
+per model, device and shape.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import torch
 
 from .config import SamplerConfig
+from .engine.stats import RunStats
 from .engine.window import CostCurve, cached_cost_curve, measure_cost_curve
 from .models.image_model import ARImageModel, PromptEncoding
 
-# Tokens per forward pass: the most any configuration reached in docs/benchmark.md ("Drafting": 6.04x
-# at L = 64 with 16 candidates per chain position, 6.44x with chain width 3); the paper's Lumina-mGPT
-# runs reach about 3.5x. A pass dearer than this many one-token passes cannot pay for itself.
-MOST_TOKENS_PER_PASS = 6.5
 REPEATS = 5  # the fastest of 5 passes of each size counts: a busy machine slows some of them
+# The share of the image committed before a run's pace is judged: a policy, not a measured figure.
+# The first rows accept far fewer tokens per pass than the rest (a shorter stretch misjudges good
+# runs); a longer one would say it when most of the run is spent.
+JUDGED_SHARE = 0.25
+# The one-token cost comes from a probe timed once per process, maybe under another load (probes
+# of one shape ranged 1.6-3.5 on a busy CPU), so a run is called slower only when its passes cost
+# this much more than the tokens they commit: a chosen margin, not a measured result.
+CLEARLY_SLOWER = 1.5
+AUTO_WORDS = "L = 'auto'"  # how a front end spells the automatic window (the nodes: window 0)
 
 
 def pass_nodes(config: SamplerConfig) -> int:
@@ -33,20 +49,93 @@ def pass_nodes(config: SamplerConfig) -> int:
     return 1 + config.pass_nodes
 
 
-def slower_than_ar(config: SamplerConfig, cost: CostCurve, device: str = "this device") -> Optional[str]:
-    """One sentence when a pass of `config`'s shape costs more one-token passes than any run has
-    committed tokens per pass (so the run is expected to be slower than AR); None otherwise."""
-    if config.method == "ar" or config.auto_window or config.node_budget == "auto":
-        return None  # AR is AR; window="auto" chooses L (and the tree) from this very curve, as a budget "auto" B
-    nodes = pass_nodes(config)
-    ratio = cost(nodes) / max(cost(1), 1e-12)
-    if ratio <= MOST_TOKENS_PER_PASS or ratio > nodes:
-        return None  # cheap enough; or dearer than `nodes` separate passes, which is timer noise (a busy machine)
+def most_tokens_per_pass(config: SamplerConfig) -> int:
+    """The most tokens one pass can commit: its accepted run along the main chain (L drafts at most;
+    a tree branch or side chain is never longer) and the one token sampled after it."""
+    return config.window_size + 1
+
+
+def pass_ratio(cost: CostCurve, nodes: float) -> Optional[float]:
+    """What a pass of `nodes` tokens costs in one-token passes; None when the curve says more than
+    `nodes` separate passes, which is timer noise (a busy machine), not the shape's cost."""
+    return _unless_noise(cost(nodes) / max(cost(1), 1e-12), nodes)
+
+
+def _unless_noise(ratio: float, nodes: float) -> Optional[float]:
+    return None if ratio > nodes else ratio
+
+
+def _fix(config: SamplerConfig, auto: str, window: bool = True) -> str:
+    """The fix: a smaller pass (the tree alone when a smaller L cannot help), or the automatic window."""
+    if not config.tree_side_nodes:
+        return f"use a smaller L or {auto}"
+    return f"use a smaller L, D or K, or {auto}" if window else f"use a smaller D or K, or {auto}"
+
+
+def _judged(config: SamplerConfig) -> bool:
+    # window="auto" picks L (and the tree) from the curve, as node_budget="auto" picks B
+    return config.method != "ar" and not config.auto_window and config.node_budget != "auto"
+
+
+def slower_than_ar(config: SamplerConfig, cost: CostCurve, device: str = "this device",
+                   auto: str = AUTO_WORDS) -> Optional[str]:
+    """Before the run: one sentence when a pass of `config`'s shape costs more one-token passes than
+    it can commit tokens (so the run is certainly slower than AR); None otherwise."""
+    if not _judged(config):
+        return None
+    nodes, most = pass_nodes(config), most_tokens_per_pass(config)
+    ratio = pass_ratio(cost, nodes)
+    if ratio is None or ratio <= most:
+        return None
     tree = f" and a {config.tree_side_nodes}-node tree" if config.tree_side_nodes else ""
     shape = f"node budget {config.node_budget}" if config.node_budget is not None else f"L = {config.window}{tree}"
-    return (f"A pass of {shape} ({nodes} tokens) costs about {ratio:.0f} one-token passes on "
-            f"{device}, more than the {MOST_TOKENS_PER_PASS:g} tokens per pass any setting has reached, so this "
-            "run is expected to be slower than AR; use a smaller L, D, K or node budget, or L = 'auto'.")
+    return (f"A pass of {shape} ({nodes} tokens) costs about {ratio:.1f} one-token passes on "
+            f"{device}, more than the {most} tokens a pass can commit, so this run will be slower than AR; "
+            f"{_fix(config, auto, window=False)}.")
+
+
+def running_slower_than_ar(config: SamplerConfig, passes: int, tokens_per_pass: float, ratio: float,
+                           device: str = "this device", auto: str = AUTO_WORDS) -> Optional[str]:
+    """During the run: one sentence when its `passes` passes committed clearly fewer tokens each
+    (by CLEARLY_SLOWER) than its fastest pass cost one-token passes (`ratio`), so the run is going
+    slower than AR; None otherwise."""
+    if not _judged(config) or tokens_per_pass * CLEARLY_SLOWER >= ratio:
+        return None
+    return (f"Its first {passes} passes committed {tokens_per_pass:.2f} tokens each, but even the fastest of them "
+            f"cost {ratio:.2f} one-token passes on {device}, so this run is going slower than AR; {_fix(config, auto)}.")
+
+
+@dataclass
+class RunPace:
+    """A run's pace against AR: the certain case before it (`before`), and the measured one once
+    (`during`, called after every pass with the run's statistics). Says nothing without a curve."""
+
+    config: SamplerConfig
+    cost: Optional[CostCurve]
+    device: str = "this device"
+    auto: str = AUTO_WORDS
+    judged: bool = field(default=False, init=False)
+
+    @property
+    def before(self) -> Optional[str]:
+        return slower_than_ar(self.config, self.cost, self.device, self.auto) if self.cost is not None else None
+
+    def during(self, stats: RunStats) -> Optional[str]:
+        """The measured sentence, the first time the run has committed JUDGED_SHARE of its image,
+        if it is going slower than AR; None before, after, when `before` said it, and otherwise.
+        Judged once per RunPace."""
+        passes = stats.records[1:]  # the prompt's pass commits one token, as AR's does
+        if self.judged or self.cost is None or not passes or stats.tokens_committed < JUDGED_SHARE * stats.num_tokens:
+            return None
+        self.judged = True
+        if self.before:
+            return None  # said before the run, for certain
+        nodes = sum(r.envelope or pass_nodes(self.config) for r in passes) / len(passes)
+        ratio = _unless_noise(min(r.forward_time for r in passes) / max(self.cost(1), 1e-12), nodes)
+        if ratio is None:
+            return None
+        tokens = sum(r.committed for r in passes) / len(passes)
+        return running_slower_than_ar(self.config, len(passes), tokens, ratio, self.device, self.auto)
 
 
 def cost_curve(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig,
@@ -70,12 +159,20 @@ def cost_curve(model: ARImageModel, encoding: PromptEncoding, config: SamplerCon
         session.close()
 
 
+def device_words(model: ARImageModel) -> str:
+    kind = model.device.type
+    return "the GPU" if kind == "cuda" else ("the Mac's GPU" if kind == "mps" else "this CPU")
+
+
+def run_pace(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig,
+             auto: str = AUTO_WORDS) -> RunPace:
+    """The RunPace of a run about to start (measuring the curve if needed; not for AR or window="auto")."""
+    cost = cost_curve(model, encoding, config) if _judged(config) else None
+    return RunPace(config, cost, device_words(model), auto)
+
+
 def slow_shape_warning(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig) -> Optional[str]:
     """`slower_than_ar` for a run about to start (measuring the curve if needed)."""
-    if (config.method == "ar" or config.auto_window or config.node_budget == "auto"
-            or pass_nodes(config) <= MOST_TOKENS_PER_PASS):
+    if not _judged(config) or pass_nodes(config) <= most_tokens_per_pass(config):
         return None  # nothing to measure: a pass of that few tokens costs at most that many passes
-    device = "the GPU" if model.device.type == "cuda" else ("the Mac's GPU" if model.device.type == "mps"
-                                                          else "this CPU")
-    return slower_than_ar(config, cost_curve(model, encoding, config), device)
-
+    return run_pace(model, encoding, config).before

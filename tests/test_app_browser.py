@@ -309,7 +309,8 @@ def test_generate_pressed_during_a_run_leaves_no_stop_behind(served_app, browser
 def test_stop_works_and_a_sixth_tab_loads_with_five_tabs_busy(served_app, browser):  # noqa: F811
     """Browsers open at most six connections per host (HTTP/1.1) for all tabs of a profile
     together. An idle tab holds none (no heartbeat stream), a waiting or running one holds one
-    (its queue stream): with five tabs busy, a sixth loads and Stop is answered at once."""
+    (its queue stream): with five tabs busy, a sixth loads; with six busy, Stop (sent without
+    credentials, on connections of its own) still stops every one."""
     _, url = served_app
     context = browser.new_context(viewport={"width": 1200, "height": 900})
     try:
@@ -336,9 +337,14 @@ def test_stop_works_and_a_sixth_tab_loads_with_five_tabs_busy(served_app, browse
         sixth.goto(url, wait_until="domcontentloaded", timeout=30_000)
         sixth.wait_for_selector("#run-stats [data-status='idle']", timeout=30_000)
 
+        sixth.click("#generate-btn")  # six tabs busy: their queue streams hold all six connections
+        sixth.wait_for_selector("#run-stats [data-status='waiting']", timeout=10_000)
+        waiting.append(sixth)
+
         assert busy.locator("#compare-summary [data-status='progress']").count() == 1, "the job ended too soon"
         # Stop in every waiting tab, then in the busy one, at once (a script's click: no waiting for
-        # the pages between them); each waiting run then starts stopped and never runs.
+        # the pages between them); each waiting run then starts stopped and never runs, and the busy
+        # one stops, though no connection is free (a plain request would wait for the job to end).
         for page in [*waiting, busy]:
             page.evaluate("() => document.querySelector('#stop-btn').click()")
         busy.wait_for_selector("#compare-summary [data-status='stopped']", state="attached", timeout=30_000)

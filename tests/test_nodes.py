@@ -734,6 +734,42 @@ def test_resolutions_route_is_added_only_inside_comfyui(pack, bridge, model_setu
                                                       "resolutions": ["384x384"]})
 
 
+def test_a_second_copy_of_the_pack_names_both_copies_and_the_fix(pack, bridge, monkeypatch, caplog):
+    """A git clone next to a Manager install: the second copy to load finds the route served (ComfyUI
+    would not start if it added it again) and says, as a warning, which copies are there and what to do."""
+    def first_handler(request):
+        return None
+
+    first_handler.__module__ = "sjd-pac.nodes.comfy_bridge"  # as ComfyUI imports custom_nodes/sjd-pac
+    served = [types.SimpleNamespace(path=bridge.RESOLUTIONS_ROUTE, handler=first_handler)]
+    server = types.ModuleType("server")
+    server.PromptServer = types.SimpleNamespace(instance=types.SimpleNamespace(routes=served))
+    for name, module in (("server", server), ("folder_paths", types.ModuleType("folder_paths")),
+                         ("comfy.model_management", types.ModuleType("comfy.model_management"))):
+        monkeypatch.setitem(sys.modules, name, module)  # as inside ComfyUI
+    monkeypatch.setattr(bridge, "copy_folder", lambda f: "sjd-pac-main" if f is not first_handler
+                        else "sjd-pac")
+    caplog.set_level("WARNING", logger="sjd_pac.nodes")
+    assert bridge.register_routes(lambda choice: {}) is True and len(served) == 1  # nothing added twice
+    (message,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "custom_nodes/sjd-pac and custom_nodes/sjd-pac-main" in message and "delete the other folder" in message
+    assert message.count(". ") == 0 and message.endswith("restart ComfyUI.")
+
+
+@pytest.mark.parametrize("module, folder", [
+    ("/work/comfyui/custom_nodes/sjd-pac-main.nodes.comfy_bridge", "sjd-pac-main"),  # ComfyUI 0.3.64
+    ("C:\\ComfyUI\\custom_nodes\\sjd-pac.v2.nodes.comfy_bridge", "sjd-pac.v2"),
+    ("sjd-pac-main.nodes.comfy_bridge", "sjd-pac-main"),
+                                            ("custom_nodes.sjd-pac.nodes.comfy_bridge", "sjd-pac"),
+                                            ("nodes.comfy_bridge", ""), ("", "")])
+def test_copy_folder_reads_the_module_comfyui_imported(bridge, module, folder):
+    def handler():
+        return None
+
+    handler.__module__ = module
+    assert bridge.copy_folder(handler) == folder
+
+
 # ComfyUI's node search (front end 1.27.10, the one ComfyUI 0.3.64 pins) matches the query's words
 # fuzzily against the class name and the display name, with Fuse.js's defaults (location 0,
 # distance 100, threshold 0.3): an exact word is found only within the first 30 characters of a

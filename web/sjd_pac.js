@@ -81,8 +81,13 @@ function fitSummary(node, bottom) {
   }
 }
 
-app.registerExtension({
-  name: "sjd_pac.live_chart",
+const EXTENSION = "sjd_pac.live_chart";
+
+// Two copies of the pack (a Manager install beside a git clone) both serve this file: the front end
+// throws on a second registration of one name, so the second copy steps aside (its nodes are the
+// same; the Python side says which copies are loaded).
+const extension = {
+  name: EXTENSION,
 
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (CHART_NODES.has(nodeData.name)) {
@@ -149,4 +154,7 @@ app.registerExtension({
       node.setDirtyCanvas(true, false);
     });
   },
-});
+};
+
+if (!(app.extensions ?? []).some((e) => e.name === EXTENSION)) app.registerExtension(extension);
+

@@ -1,11 +1,14 @@
-"""web/sjd_pac_sizes.js in a real browser (Debian's chromium via Python Playwright; never
-`playwright install`): the sampler's resolution widget narrowed to the sizes the server route
-answers for the model its loader names, on a fake LiteGraph graph (no ComfyUI here)."""
+"""The web extension in a real browser (Debian's chromium via Python Playwright; never `playwright
+install`), without ComfyUI: web/sjd_pac_sizes.js narrows the sampler's resolution widget to the sizes
+the server route answers for the model its loader names, on a fake LiteGraph graph; and web/sjd_pac.js
+served by two copies of the pack registers once and throws nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
+import shutil
 import threading
 from pathlib import Path
 
@@ -23,24 +26,31 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def page():
+@contextlib.contextmanager
+def page_serving(directory: Path):
+    """A chromium page at the root of a local HTTP server of `directory`."""
     sync_api = pytest.importorskip("playwright.sync_api")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(WEB))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
     handler.log_message = lambda *a: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
             try:
-                p = browser.new_page()
+                p = chromium.new_page()
                 p.goto(f"http://127.0.0.1:{server.server_address[1]}/", wait_until="domcontentloaded")
                 yield p
             finally:
-                browser.close()
+                chromium.close()
     finally:
         server.shutdown()
+
+
+@pytest.fixture()
+def page():  # one chromium per test: Playwright's sync API runs one at a time
+    with page_serving(WEB) as p:
+        yield p
 
 
 SCENARIO = """async ({all, answers, mapLinks}) => {
@@ -103,3 +113,43 @@ def test_sampler_resolutions_follow_the_loaders_model(page, map_links):
     # Unknown sizes (error answer, no server, no loader connected): every size again.
     assert out["broken"] == out["offline"] == out["unplugged"] == len(all_values)
     assert out["brokenCalls"] == 2  # a failed answer is asked again, not kept
+
+
+# --- two copies of the pack ----------------------------------------------------------------------
+
+APP_JS = """const extensions = [];
+export const app = {
+  get extensions() { return extensions; },
+  registerExtension(extension) {
+    if (extensions.some((e) => e.name === extension.name)) {
+      throw new Error(`Extension named '${extension.name}' already registered.`);
+    }
+    extensions.push(extension);
+  },
+};
+"""
+API_JS = "export const api = { fetchApi: async () => ({ ok: false }), addEventListener() {} };\n"
+
+
+def test_a_second_copy_of_the_pack_registers_nothing_and_throws_nothing(tmp_path):
+    """Two copies of the pack (a Manager install and a git clone) both serve the extension, and
+    ComfyUI's front end throws on a second registration of one name: the second copy steps aside.
+    ComfyUI's app and api modules are stood in for by what the extension uses at import (the
+    `extensions` list and `registerExtension`, which throws as front end 1.27 does)."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "app.js").write_text(APP_JS)
+    (tmp_path / "scripts" / "api.js").write_text(API_JS)
+    for copy in ("sjd-pac", "sjd-pac-main"):
+        shutil.copytree(WEB, tmp_path / "extensions" / copy)
+    (tmp_path / "index.html").write_text("<!doctype html><title>two copies</title>")
+    with page_serving(tmp_path) as page:
+        out = page.evaluate("""async () => {
+          const errors = [];
+          for (const copy of ['sjd-pac', 'sjd-pac-main']) {
+            try { await import(`/extensions/${copy}/sjd_pac.js`); } catch (e) { errors.push(String(e)); }
+          }
+          const { app } = await import('/scripts/app.js');
+          return { errors, names: app.extensions.map((e) => e.name) };
+        }""")
+    assert out["errors"] == []
+    assert out["names"] == ["sjd_pac.live_chart"]  # registered once, by the first copy

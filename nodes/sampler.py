@@ -11,7 +11,7 @@ import torch
 
 import sjd_pac_core as sp
 from sjd_pac_core import ConfigError, Progress, SamplerConfig
-from sjd_pac_core.config import MAX_TREE_NODES, MAX_WINDOW, METHODS, VERIFY_RULES, tree_node_count
+from sjd_pac_core.config import MAX_NODE_BUDGET, MAX_TREE_NODES, MAX_WINDOW, METHODS, VERIFY_RULES, tree_node_count
 from sjd_pac_core.demo import EXAMPLE_PROMPT
 from sjd_pac_core.models.sizes import known_resolutions
 from sjd_pac_core.pass_cost import RunPace, run_pace
@@ -33,6 +33,7 @@ METHOD_CHOICES = ["sjd_pac", "sjd", "ar"]
 VERIFY_CHOICES = ["rejection", "gumbel"]
 PROGRESS_EVENT = "sjd_pac.progress"
 MODEL_DEFAULT = -1  # a numeric knob at -1 takes the loaded model's recommended value
+AUTO_BUDGET = -1  # node_budget at -1 is 'auto' (the model's own is off: 0)
 
 # Widget ranges for D and K chosen so that no combination exceeds the tree budget: every
 # (D, K) the widgets allow has at most MAX_TREE_NODES nodes (D = 4, K = 5: 155 nodes).
@@ -104,6 +105,13 @@ KNOBS: Dict[str, Tuple[Any, dict]] = {
         "default": 1, "min": 1, "max": 16, "step": 1,
         "tooltip": "Images per run, sampled one after another with seeds seed, seed+1, ...",
     }),
+    "node_budget": ("INT", {
+        "default": 0, "min": AUTO_BUDGET, "max": MAX_NODE_BUDGET, "step": 1,
+        "tooltip": "Node budget B (sjd_pac): every pass drafts within B nodes, its tree and window chosen from the "
+                   "run's acceptance; 0 = off, -1 = auto (B from measured pass costs). A GPU pass costs about one "
+                   "token's up to ~128 nodes (with CFG each node is two rows), so try 128 with window 0 (auto) or a "
+                   "large L, which caps the main chain.",
+    }),
     "compile": ("BOOLEAN", {
         "default": False,
         "tooltip": "Compile the forward pass with torch.compile (CUDA graphs on a GPU): faster passes, same "
@@ -131,6 +139,11 @@ def _from_widget(value: Any) -> Any:
     return None if value is None or value == MODEL_DEFAULT else value
 
 
+def budget_setting(node_budget: Any) -> Any:
+    """The node_budget widget -> a config_from_settings value: -1 is 'auto' (0 is off there)."""
+    return "auto" if node_budget == AUTO_BUDGET else node_budget
+
+
 def check_tree_fits_top_k(config: SamplerConfig) -> None:
     """Proactive Drafting draws K distinct candidates, so K must not exceed top-k when both are on."""
     if config.use_pd and config.top_k and config.tree_width > config.top_k:
@@ -143,16 +156,18 @@ def check_tree_fits_top_k(config: SamplerConfig) -> None:
 def make_config(
     method: str, window: int, tree_depth: int, tree_width: int, verify: str,
     cfg_scale: float, temperature: float, top_k: int, top_p: float, defaults: Optional[sp.FamilyDefaults] = None,
-    compile: bool = False,
+    compile: bool = False, node_budget: int = 0,
 ) -> SamplerConfig:
     """Widget values -> SamplerConfig through settings.config_from_settings: -1 takes `defaults`
-    (the loaded model's), window 0 is 'auto', top_k 0 and top_p 1.0 are off; raises ConfigError."""
+    (the loaded model's), window 0 is 'auto', top_k 0 and top_p 1.0 are off, node_budget 0 is off
+    and -1 'auto'; raises ConfigError."""
     config = config_from_settings(
         defaults, method=method, verify=verify,
         window="auto" if window == 0 else _from_widget(window),
         tree_depth=_from_widget(tree_depth), tree_width=_from_widget(tree_width),
         cfg_scale=_from_widget(cfg_scale), temperature=_from_widget(temperature),
         top_k=_from_widget(top_k), top_p=_from_widget(top_p), compile=compile,
+        node_budget=budget_setting(node_budget),
     )
     check_tree_fits_top_k(config)
     return config
@@ -341,7 +356,8 @@ class SJDPACSampler:
                 "method": k["method"], "window": k["window"], "tree_depth": k["tree_depth"],
                 "tree_width": k["tree_width"], "verify": k["verify"], "batch_size": k["batch_size"],
             },
-            "optional": {"compile": k["compile"]},  # optional: workflows saved before it still load
+            # optional, at the end: workflows saved before them still load (widgets go by position)
+            "optional": {"compile": k["compile"], "node_budget": k["node_budget"]},
             "hidden": {"unique_id": "UNIQUE_ID", "extra_pnginfo": "EXTRA_PNGINFO"},
         }
 
@@ -353,9 +369,10 @@ class SJDPACSampler:
     def sample(self, model: ModelHandle, prompt: str, negative_prompt: str, resolution: str, seed: int,
                cfg_scale: float, temperature: float, top_k: int, top_p: float, method: str, window: int,
                tree_depth: int, tree_width: int, verify: str, batch_size: int, compile: bool = False,
-               unique_id: Optional[str] = None, extra_pnginfo: Any = None) -> Tuple[ARImageTokens, SJDStats]:
+               node_budget: int = 0, unique_id: Optional[str] = None,
+               extra_pnginfo: Any = None) -> Tuple[ARImageTokens, SJDStats]:
         config = make_config(method, window, tree_depth, tree_width, verify, cfg_scale, temperature, top_k, top_p,
-                             defaults=model.get().defaults, compile=compile)
+                             defaults=model.get().defaults, compile=compile, node_budget=node_budget)
         return run_sampler(model, prompt, negative_prompt, resolution, seed, config, batch_size, unique_id,
                            extra_pnginfo)
 
@@ -384,12 +401,13 @@ class SJDPACTextToImage:
                 "upscale_to": UPSCALE_INPUTS["upscale_to"],
                 "upscale_method": UPSCALE_INPUTS["upscale_method"],
             },
+            "optional": {"node_budget": KNOBS["node_budget"]},  # optional, at the end: older workflows load
             "hidden": {"unique_id": "UNIQUE_ID", "extra_pnginfo": "EXTRA_PNGINFO"},
         }
 
     def generate(self, model: ModelHandle, prompt: str, seed: int, method: str,
-                 upscale_to: int = DEFAULT_UPSCALE_TO, upscale_method: str = "nearest",
+                 upscale_to: int = DEFAULT_UPSCALE_TO, upscale_method: str = "nearest", node_budget: int = 0,
                  unique_id: Optional[str] = None, extra_pnginfo: Any = None) -> Tuple[torch.Tensor, SJDStats]:
-        config = config_from_settings(model.get().defaults, method=method)
+        config = config_from_settings(model.get().defaults, method=method, node_budget=budget_setting(node_budget))
         tokens, stats = run_sampler(model, prompt, "", "default", seed, config, 1, unique_id, extra_pnginfo)
         return tokens_to_image(tokens, upscale_to, upscale_method), stats

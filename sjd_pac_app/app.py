@@ -107,7 +107,7 @@ class SjdPacApp:
     def check(
         self, model_choice: str, model_path: str, prompt: str, negative_prompt: str, resolution: Optional[str],
         seed: object, method: str, verify: str, cfg_scale: object, temperature: object, top_k: object,
-        top_p: object, window: object, tree_depth: object, tree_width: object,
+        top_p: object, window: object, tree_depth: object, tree_width: object, node_budget: object,
         request: Optional[gr.Request] = None, kind: str = "generate",
     ) -> Tuple[str, str, Any]:
         """Runs at once on a click, outside the queue: settings refused before any work (and
@@ -118,7 +118,7 @@ class SjdPacApp:
         try:
             settings = run_settings(defaults_of(self.manager.model), prompt, negative_prompt, resolution,
                                     seed, method, verify, cfg_scale, temperature, top_k, top_p, window,
-                                    tree_depth, tree_width)
+                                    tree_depth, tree_width, node_budget)
         except Exception as exc:
             return message_md([friendly_error(exc)]), "", gr.skip()
         notes = pointless_setting_warnings(settings.config)
@@ -133,7 +133,8 @@ class SjdPacApp:
     def check_compare(
         self, model_choice: str, model_path: str, prompt: str, negative_prompt: str, resolution: Optional[str],
         seed: object, method: str, verify: str, cfg_scale: object, temperature: object, top_k: object,
-        top_p: object, window: object, tree_depth: object, tree_width: object, repeats: object,
+        top_p: object, window: object, tree_depth: object, tree_width: object, node_budget: object,
+        repeats: object,
         request: Optional[gr.Request] = None,
     ) -> Tuple[str, str, Any]:
         """`check` for Compare: the same settings plus the repeat count."""
@@ -142,7 +143,8 @@ class SjdPacApp:
         except Exception as exc:
             return message_md([friendly_error(exc)]), "", gr.skip()
         return self.check(model_choice, model_path, prompt, negative_prompt, resolution, seed, method, verify,
-                          cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, request=request,
+                          cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, node_budget,
+                          request=request,
                           kind="compare")
 
     @staticmethod
@@ -158,7 +160,8 @@ class SjdPacApp:
     def generate(
         self, model_choice: str, model_path: str, prompt: str, negative_prompt: str, resolution: Optional[str],
         seed: object, method: str, verify: str, cfg_scale: object, temperature: object, top_k: object,
-        top_p: object, window: object, tree_depth: object, tree_width: object, ticket: object = None,
+        top_p: object, window: object, tree_depth: object, tree_width: object, node_budget: object,
+        ticket: object = None,
         request: Optional[gr.Request] = None,
     ) -> Iterator[tuple]:
         """One image, streamed. Outputs: tabs, image, download, per-pass chart, histogram, stats,
@@ -172,7 +175,7 @@ class SjdPacApp:
                 return
             setup = yield from self._setup(
                 model_choice, model_path, prompt, negative_prompt, resolution, seed, method, verify,
-                cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, live=True,
+                cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, node_budget, live=True,
             )
             if setup is None:
                 return
@@ -197,7 +200,8 @@ class SjdPacApp:
     def compare(
         self, model_choice: str, model_path: str, prompt: str, negative_prompt: str, resolution: Optional[str],
         seed: object, method: str, verify: str, cfg_scale: object, temperature: object, top_k: object,
-        top_p: object, window: object, tree_depth: object, tree_width: object, repeats: object = DEFAULT_REPEATS,
+        top_p: object, window: object, tree_depth: object, tree_width: object, node_budget: object,
+        repeats: object = DEFAULT_REPEATS,
         ticket: object = None, request: Optional[gr.Request] = None,
     ) -> Iterator[tuple]:
         """AR, SJD and SJD-PAC with the same prompt and seed (`method` is ignored), `repeats`
@@ -213,7 +217,7 @@ class SjdPacApp:
                 return
             setup = yield from self._setup(
                 model_choice, model_path, prompt, negative_prompt, resolution, seed, "sjd_pac", verify,
-                cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, live=False,
+                cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, node_budget, live=False,
                 repeats=repeats,
             )
             if setup is None:
@@ -228,7 +232,7 @@ class SjdPacApp:
 
     # --- pieces -----------------------------------------------------------------------------
     def _setup(self, model_choice, model_path, prompt, negative_prompt, resolution, seed, method, verify,
-               cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, live: bool,
+               cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, node_budget, live: bool,
                repeats: object = 1):
         """Validate the settings and load the model; on a problem yield the error and return None."""
         try:
@@ -238,14 +242,15 @@ class SjdPacApp:
             # Validate against the defaults of the model that will run (empty fields take them).
             loaded = self.manager.model if self.manager.spec == canonical_spec(spec) else None
             settings = run_settings(defaults_of(loaded), prompt, negative_prompt, resolution, seed, method,
-                                    verify, cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width)
+                                    verify, cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width,
+                                    node_budget)
             if loaded is None:
                 yield self._status_outputs(live, "loading", notes=[f"Loading {spec} …"])
             model = self.manager.get(spec)
             if loaded is None:  # re-read empty fields against the model just loaded
                 settings = run_settings(model.defaults, prompt, negative_prompt, resolution, seed, method,
                                         verify, cfg_scale, temperature, top_k, top_p, window, tree_depth,
-                                        tree_width)
+                                        tree_width, node_budget)
             encoding = model.encode_prompt(settings.prompt, settings.negative_prompt, settings.resolution)
         except Exception as exc:
             message = friendly_error(exc)

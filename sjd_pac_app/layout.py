@@ -24,6 +24,7 @@ VERIFY_CHOICES = [
     ("gumbel (seed-exact: same tokens as AR)", "gumbel"),
 ]
 WINDOW_CHOICES = ["auto", "8", "12", "16", "24", "32", "64", "128"]
+NODE_BUDGET_CHOICES = ["0", "auto", "64", "128", "256"]  # 0: off (the window and tree above decide)
 MAX_DEPTH_FIELD = 8  # the D slider's top (the budget allows D = 6 at K = 2 and more at K = 1)
 MAX_WIDTH_FIELD = 16
 
@@ -292,9 +293,11 @@ def build(app: Any) -> gr.Blocks:
                                            **knob("tree_depth", h))
                     tree_width = gr.Slider(1, width_limit(d.tree_depth), value=d.tree_width, step=1,
                                            **knob("tree_width", h))
+                    node_budget = gr.Dropdown(NODE_BUDGET_CHOICES, value="0", allow_custom_value=True,
+                                              **knob("node_budget", h))
 
         gen_inputs = [model_dd, model_path, prompt, negative, resolution, seed, method, verify, cfg_scale,
-                      temperature, top_k, top_p, window, tree_depth, tree_width]
+                      temperature, top_k, top_p, window, tree_depth, tree_width, node_budget]
         cmp_inputs = [*gen_inputs[:7], cmp_verify, *gen_inputs[8:], repeats]
         model_outputs = [model_info, model_dd, model_path, resolution, cfg_scale, temperature, top_k, top_p,
                          window, tree_depth, tree_width, words, message]

@@ -199,18 +199,20 @@ def run_settings(
     defaults: Optional[sp.FamilyDefaults], prompt: object, negative_prompt: object, resolution: Optional[str],
     seed: object, method: Optional[str], verify: Optional[str], cfg_scale: object, temperature: object,
     top_k: object, top_p: object, window: object, tree_depth: object, tree_width: object,
+    node_budget: object = None,
 ) -> RunSettings:
     """The page's values -> validated RunSettings (ConfigError: one sentence naming the field).
 
     The conversion itself is sjd_pac_core.settings (shared with the CLI and the nodes): empty
-    fields take the model's defaults, top-k 0 / top-p 1 are off, L may be 'auto', fractions in
-    whole-number fields are refused; seed -1 (or empty) is None: generate_image draws a random one.
+    fields take the model's defaults, top-k 0 / top-p 1 are off, L and the node budget may be
+    'auto' (node budget 0 or empty: off), fractions in whole-number fields are refused; seed -1 (or empty) is None: generate_image draws a random one.
     """
     text = check_prompt(prompt)
     negative = check_prompt(negative_prompt)
     config = config_from_settings(
         defaults, method=method, window=window, tree_depth=tree_depth, tree_width=tree_width,
-        verify=verify, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p,
+        node_budget=node_budget, verify=verify, cfg_scale=cfg_scale, temperature=temperature, top_k=top_k,
+        top_p=top_p,
     )
     return RunSettings(text, negative, resolution or None, seed_value(seed), config)
 

@@ -37,6 +37,9 @@ def hints(d: sp.FamilyDefaults) -> Dict[str, str]:
                  f"so the cost grows as K^(D-1); at most {MAX_TREE_NODES}, so the top of D follows K; "
                  f"this model's default {d.tree_depth}",
         "tree_width": f"candidates per tree position; the top of K follows D; this model's default {d.tree_width}",
+        "node_budget": "SJD-PAC drafts every pass within this many nodes, its tree and L chosen each pass (L caps "
+                       "the main chain: use L = auto or a large L); 0 = off, 'auto' picks it from measured pass "
+                       "costs. A GPU pass costs about one token's up to ~128 nodes (with CFG a node is two rows).",
         "seed": "-1 = a new random seed each run (the seed used is shown with the result)",
         "method": "All three sample exactly AR's distribution. AR: one token per forward pass. SJD: "
                   "verifies L drafts per pass. SJD-PAC: SJD plus adaptive continuation and a drafting "

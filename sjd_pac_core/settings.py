@@ -19,7 +19,7 @@ import inspect
 import math
 from typing import TYPE_CHECKING, Dict, List, Optional, Union
 
-from .config import ConfigError, SamplerConfig
+from .config import MAX_NODE_BUDGET, ConfigError, SamplerConfig
 from .sampling.seeds import check_seed
 
 if TYPE_CHECKING:  # no torch import here: the CLI validates its arguments before loading torch
@@ -100,8 +100,9 @@ def node_budget_value(value: object) -> Union[None, int, str]:
         return "auto"
     label = LABELS["node_budget"]
     budget = whole_number(value, label, "128 nodes per pass, 'auto', or 0 (off)")
-    if budget < 0:  # SamplerConfig's own message speaks of None, which no UI can enter
-        raise ConfigError(f"{label} must be 0 (off), 'auto' or a number of nodes, got {budget}; try 128.")
+    if not 0 <= budget <= MAX_NODE_BUDGET:  # SamplerConfig's own message speaks of None, which no UI can enter
+        raise ConfigError(f"{label} must be 0 (off), 'auto' or 1 to {MAX_NODE_BUDGET} nodes per pass, got "
+                          f"{budget}; try 128.")
     return None if budget == 0 else budget
 
 
@@ -271,18 +272,23 @@ def seed_reproduces_picture(config: SamplerConfig) -> bool:
     verify="gumbel" fixes every token by (seed, position), whatever the windows were: seed-exact.
     verify="rejection" draws its coins in the order the passes ask for them, so the tokens depend
     on every pass's window; window="auto" chooses it from this device's measured speed, which
-    differs from run to run. Only that pair reproduces the distribution of pictures, not the picture.
+    differs from run to run; node_budget="auto" likewise sizes every pass from measured costs. Only
+    rejection with either reproduces the distribution of pictures, not the picture.
     """
-    return not (config.verify == "rejection" and config.auto_window)
+    return not (config.verify == "rejection" and (config.auto_window or config.node_budget == "auto"))
 
 
 def seed_note(config: SamplerConfig) -> Optional[str]:
     """What the seed reproduces, for a run whose seed does not give its picture again (else None)."""
     if seed_reproduces_picture(config):
         return None
-    return ("with verify 'rejection' and window 'auto' the window follows this device's measured speed, so the "
+    if config.node_budget == "auto":
+        chosen, fixed = "node budget 'auto' the pass size", "a node budget such as 128"
+    else:
+        chosen, fixed = "window 'auto' the window", "a fixed window"
+    return (f"with verify 'rejection' and {chosen} follows this device's measured speed, so the "
             "seed reproduces the distribution of pictures, not this picture; use verify 'gumbel' (seed-exact "
-            "for every window) or a fixed window to get a picture again from its seed")
+            f"for every window) or {fixed} to get a picture again from its seed")
 
 
 RECORD_PNG_KEY = "sjd_pac"  # the PNG text chunk that holds a run record (CLI, nodes, app)

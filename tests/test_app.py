@@ -28,7 +28,8 @@ DEMO_READY = (Path(sp.__file__).resolve().parent / "demo" / "weights" / "config.
 PROMPT = "a red circle top left on a blue background"
 # Argument order of SjdPacApp.generate / compare (and of the /generate, /compare endpoints).
 ARG_NAMES = ("model_choice", "model_path", "prompt", "negative_prompt", "resolution", "seed", "method",
-             "verify", "cfg_scale", "temperature", "top_k", "top_p", "window", "tree_depth", "tree_width")
+             "verify", "cfg_scale", "temperature", "top_k", "top_p", "window", "tree_depth", "tree_width",
+             "node_budget")
 
 _SHARED: Dict[str, object] = {}  # one model and one server per test session (both test files)
 
@@ -91,7 +92,7 @@ def args_for(spec: str, model: sp.ARImageModel, **changes) -> List[object]:
     values = dict(model_choice=spec, model_path="", prompt=PROMPT, negative_prompt="",
                   resolution=d.resolution, seed=0, method="sjd_pac", verify="gumbel", cfg_scale=d.cfg_scale,
                   temperature=d.temperature, top_k=d.top_k or 0, top_p=d.top_p or 1.0, window=d.window,
-                  tree_depth=d.tree_depth, tree_width=d.tree_width)
+                  tree_depth=d.tree_depth, tree_width=d.tree_width, node_budget="0")
     values.update(changes)
     return [values[name] for name in ARG_NAMES]
 
@@ -492,6 +493,30 @@ def test_the_seed_message_says_what_the_seed_reproduces(app, app_model):
     gumbel = list(app.generate(*args_for(spec, model, method="sjd", verify="gumbel", window="auto")))[-1]
     assert "enter it as the seed to get this picture again" in gumbel[6]
     assert gumbel[-1]["settings"]["seed_reproduces"] == "picture"
+
+
+@pytest.mark.parametrize("field, value", [("0", None), ("", None), ("auto", "auto"), ("128", 128), ("64.0", 64)])
+def test_the_node_budget_field_goes_through_the_shared_conversion(field, value):
+    assert settings_for(method="sjd_pac", window="auto", node_budget=field).config.node_budget == value
+
+
+@pytest.mark.parametrize("field, words", [("5000", "1 to 1024 nodes per pass, got 5000"), ("-3", "got -3"),
+                                          ("lots", "whole number")])
+def test_a_bad_node_budget_is_one_sentence(field, words):
+    with pytest.raises(sp.ConfigError, match=words) as info:
+        settings_for(method="sjd_pac", node_budget=field)
+    assert str(info.value).startswith("node budget must") and str(info.value).count(". ") == 0
+
+
+def test_the_node_budget_reaches_the_run_and_its_record(app, app_model):
+    """A run within 64 nodes per pass: the record, the settings line under the numbers and the
+    refusal of a budget without the tree (the library's sentence) come from the one conversion."""
+    spec, model = app_model
+    run = list(app.generate(*args_for(spec, model, window="auto", node_budget="64")))[-1]
+    record = run[-1]["settings"]
+    assert record["node_budget"] == 64 and "node budget 64" in run[5]
+    message, ticket, _ = app.check(*args_for(spec, model, method="sjd", node_budget="128"))
+    assert not ticket and "method=&#x27;sjd_pac&#x27;" in message  # HTML-escaped on the page
 
 
 def test_the_check_finite_switch_reaches_the_loader(app_model):

@@ -47,6 +47,7 @@ ROWS = [
     (_cli, ["bench", "--budgets", ","], ["--budgets", "names no budget"]),
     (_cli, ["bench", "--budgets", "64,64"], ["--budgets", "twice"]),
     (_cli, ["generate", "x", "--node-budget", "-3"], ["--node-budget", "got -3", "128"]),
+    (_cli, ["generate", "x", "--node-budget", "5000"], ["--node-budget", "1 to 1024", "got 5000"]),
     (_cli, ["generate", "x", "--node-budget", "lots"], ["--node-budget", "whole number"]),
     (_cli, ["lossless", "--seeds", ""], ["--seeds", "names no seed"]),
     (_cli, ["lossless", "--seeds", "0-100000000000"], ["--seeds", "more than 100,000 seeds"]),

@@ -325,6 +325,50 @@ def test_compile_is_an_optional_sampler_switch(pack):
         sampler.make_config("sjd_pac", 32, 3, 4, "rejection", 2.0, 1.0, 0, 1.0, compile="yes")
 
 
+@pytest.mark.parametrize("node", ["SJDPACSampler", "SJDPACTextToImage"])
+def test_node_budget_is_an_optional_input_at_the_end(pack, node):
+    """Optional and last, so workflows saved before it load with it off; 0 is off, -1 'auto',
+    a number the nodes per pass (bounded like the CLI's --node-budget: settings.node_budget_value)."""
+    from sjd_pac_core.config import MAX_NODE_BUDGET
+
+    types = pack.NODE_CLASS_MAPPINGS[node].INPUT_TYPES()
+    assert "node_budget" not in types["required"] and list(types["optional"])[-1] == "node_budget"
+    kind, opts = types["optional"]["node_budget"]
+    assert kind == "INT" and (opts["default"], opts["min"], opts["max"]) == (0, -1, MAX_NODE_BUDGET)
+    assert "128" in opts["tooltip"] and "window 0 (auto)" in opts["tooltip"] and "two rows" in opts["tooltip"]
+
+
+def test_node_budget_reaches_the_sampler_config(pack):
+    import sjd_pac_core as sp
+
+    make = submodule("sampler").make_config
+    knobs = ("sjd_pac", 0, 3, 4, "gumbel", 2.0, 1.0, 0, 1.0)
+    assert make(*knobs).node_budget is None  # the default: off
+    assert make(*knobs, node_budget=0).node_budget is None
+    assert make(*knobs, node_budget=-1).node_budget == "auto"
+    assert make(*knobs, node_budget=128).node_budget == 128
+    for bad, words in ((5000, "1 to 1024 nodes per pass, got 5000"), (-5, "got -5"), (2.5, "whole number")):
+        with pytest.raises(sp.ConfigError) as info:
+            make(*knobs, node_budget=bad)
+        assert words in str(info.value) and one_sentence(str(info.value)), str(info.value)
+    with pytest.raises(sp.ConfigError) as info:  # the library's own rule, one sentence
+        make("sjd", 0, 3, 4, "gumbel", 2.0, 1.0, 0, 1.0, node_budget=128)
+    assert "method='sjd_pac'" in str(info.value) and one_sentence(str(info.value))
+
+
+def test_node_budget_runs_and_is_recorded(pack, bridge, handle):
+    """A short run within 64 nodes per pass: the config, the saved run record and SJD Stats carry it;
+    the one-node Text to Image takes 'auto'."""
+    extra: dict = {}
+    nodes = pack.NODE_CLASS_MAPPINGS
+    _, stats = nodes["SJDPACSampler"]().sample(handle, **sampler_args(window=0, node_budget=64), unique_id="4",
+                                               extra_pnginfo=extra)
+    assert stats.config.node_budget == 64 and extra["sjd_pac"]["4"]["node_budget"] == 64
+    assert "node budget 64" in nodes["SJDStats"]().report(stats)["result"][1]
+    _, auto = nodes["SJDPACTextToImage"]().generate(handle, "a blue square", 5, "sjd_pac", node_budget=-1)
+    assert auto.config.node_budget == "auto" and auto.tokens_committed == auto.runs[0].num_tokens
+
+
 def test_tree_widgets_cannot_exceed_the_budget(pack):
     from sjd_pac_core.config import MAX_TREE_NODES, SamplerConfig, max_tree_depth, tree_node_count
 

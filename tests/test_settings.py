@@ -207,6 +207,9 @@ def test_window_one_claims_hold_on_the_demo_model(demo_model):
     (dict(verify="rejection", window=32), True),
     (dict(verify="rejection", window="auto"), False),
     (dict(verify="rejection", window="auto", method="ar"), True),  # AR has no window to choose
+    (dict(verify="rejection", node_budget="auto"), False),  # the pass size follows the measured speed
+    (dict(verify="rejection", node_budget=128), True),
+    (dict(verify="gumbel", node_budget="auto"), True),
 ])
 def test_what_a_seed_reproduces_is_said_in_the_run_record(fields, reproduces):
     """Only the rejection rule with the auto window (whose windows follow the measured speed)

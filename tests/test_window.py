@@ -333,10 +333,11 @@ FLAT_COSTS = CostCurve((1, 128), (1.0, 1.0))  # a device where every pass size c
 STEEP_COSTS = CostCurve((1, 128), (1.0, 128.0))  # one where every node costs a token's pass
 
 
-@pytest.mark.parametrize("method", ["sjd", "sjd_pac"])
-def test_auto_windows_from_two_devices_keep_gumbel_tokens_and_change_rejection_ones(monkeypatch, method):
-    """The auto window follows the measured cost of a pass, so two devices (or two runs of one
-    busy device) choose different windows for one seed. Gumbel fixes every token by (seed,
+@pytest.mark.parametrize("method, auto", [("sjd", dict(window="auto")), ("sjd_pac", dict(window="auto")),
+                                          ("sjd_pac", dict(window=32, node_budget="auto"))])
+def test_auto_windows_from_two_devices_keep_gumbel_tokens_and_change_rejection_ones(monkeypatch, method, auto):
+    """The auto window (and node_budget="auto"'s pass size) follows the measured cost of a pass, so
+    two devices (or two runs of one busy device) choose different passes for one seed. Gumbel fixes every token by (seed,
     position): the same picture whatever the windows. Rejection draws its coins in the order the
     passes ask for them: another picture, which is why the app, the CLI and the run record say
     that its seed reproduces only the distribution (settings.seed_reproduces_picture)."""
@@ -347,11 +348,11 @@ def test_auto_windows_from_two_devices_keep_gumbel_tokens_and_change_rejection_o
     prompt = torch.tensor([5, 9, 13])
     runs = {}
     for verify in ("gumbel", "rejection"):
-        config = sp.SamplerConfig(method=method, window="auto", verify=verify)
+        config = sp.SamplerConfig(method=method, verify=verify, **auto)
         for name, costs in (("flat", FLAT_COSTS), ("steep", STEEP_COSTS)):
             monkeypatch.setattr(loop, "measure_cost_curve", lambda *args, _costs=costs, **kwargs: _costs)
             runs[verify, name] = sp.sample_tokens(lm, prompt, 100, config=config, seed=5)
-    windows = {key: [r.window for r in out.stats.records[1:]] for key, out in runs.items()}
+    windows = {key: [(r.window, r.tree_nodes) for r in out.stats.records[1:]] for key, out in runs.items()}
     assert windows["gumbel", "flat"] != windows["gumbel", "steep"], windows  # the devices chose differently
     assert windows["rejection", "flat"] != windows["rejection", "steep"], windows
     ar = sp.sample_tokens(lm, prompt, 100, config=sp.SamplerConfig(method="ar", verify="gumbel"), seed=5)

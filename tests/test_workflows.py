@@ -58,6 +58,18 @@ def node_spec(type_: str) -> Tuple[Dict[str, str], List[str], List[Tuple[str, An
     return sockets, list(cls.RETURN_TYPES), widgets
 
 
+def fewest_widget_values(type_: str) -> int:
+    """How many widget values a saved node must hold: every widget up to the last required one.
+    Optional widgets come last, so a workflow saved before one was added still loads (ComfyUI
+    assigns widget values by position and leaves the missing tail at its defaults)."""
+    if type_ in CORE_NODES:
+        return len(CORE_NODES[type_]["widgets"])
+    _, _, widgets = node_spec(type_)
+    required = load_pack().NODE_CLASS_MAPPINGS[type_].INPUT_TYPES()["required"]
+    owners = [name[: -len("_control")] if name.endswith("_control") else name for name, _, _ in widgets]
+    return max((i + 1 for i, owner in enumerate(owners) if owner in required), default=0)
+
+
 def check_value(where: str, name: str, kind: Any, opts: dict, value: Any) -> None:
     if name == "model" and isinstance(kind, list):  # the loader's list depends on what is installed
         assert isinstance(value, str) and value, where
@@ -98,7 +110,7 @@ def test_ui_workflow_is_valid(path, pack):
             assert key in n, f"{path.name}: node {n['id']} lacks {key}"
         sockets, outputs, widgets = node_spec(n["type"])
         where = f"{path.name} node {n['id']} ({n['type']})"
-        assert len(n["widgets_values"]) == len(widgets), f"{where}: widget count"
+        assert fewest_widget_values(n["type"]) <= len(n["widgets_values"]) <= len(widgets), f"{where}: widget count"
         for (name, kind, opts), value in zip(widgets, n["widgets_values"]):
             check_value(where, name, kind, opts, value)
         for inp in n.get("inputs", []):
@@ -124,6 +136,18 @@ def test_ui_workflow_is_valid(path, pack):
     assert loaders and {n["widgets_values"][0] for n in loaders} == {MODEL_FOLDERS[path.name]}
 
 
+def test_workflows_saved_before_the_optional_widgets_still_load(pack):
+    """The optional widgets sit after every required one: a saved node may stop before them (the
+    shipped workflows predate node_budget), never before a required one."""
+    sampler_widgets = [name for name, _, _ in node_spec("SJDPACSampler")[2]]
+    assert sampler_widgets[-2:] == ["compile", "node_budget"]
+    assert fewest_widget_values("SJDPACSampler") == len(sampler_widgets) - 2 == 15
+    assert [name for name, _, _ in node_spec("SJDPACTextToImage")[2]][-1] == "node_budget"
+    assert fewest_widget_values("SJDPACTextToImage") == 6 and fewest_widget_values("LoadARImageModel") == 3
+    saved = [n for n in load(WORKFLOWS / DEMO_WF)["nodes"] if n["type"] == "SJDPACSampler"]
+    assert saved and all(len(n["widgets_values"]) < len(sampler_widgets) for n in saved)  # the old files
+
+
 def test_comparison_workflow_uses_one_seed_and_gumbel(pack):
     wf = load(WORKFLOWS / COMPARE_WF)
     _, _, widgets = node_spec("SJDPACSampler")
@@ -145,9 +169,11 @@ def _api_inputs(pack) -> dict:
         cls = node["class_type"]
         assert cls in pack.NODE_CLASS_MAPPINGS or cls in CORE_NODES, cls
         sockets, _, widgets = node_spec(cls)
+        required = set(pack.NODE_CLASS_MAPPINGS[cls].INPUT_TYPES()["required"]) if cls in pack.NODE_CLASS_MAPPINGS \
+            else {name for name, _ in CORE_NODES[cls]["widgets"]}
         for name, kind, opts in widgets:
-            if name.endswith("_control"):
-                continue
+            if name.endswith("_control") or (name not in required and name not in node["inputs"]):
+                continue  # an optional input left out runs with its default, as in ComfyUI
             assert name in node["inputs"], f"API node {node_id}: {name} missing"
             check_value(f"API node {node_id}", name, kind, opts, node["inputs"][name])
         for name, type_ in sockets.items():

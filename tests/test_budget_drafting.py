@@ -101,6 +101,16 @@ def _all_trees(window: int, slots: int, size: int):
             yield subset
 
 
+def _path_chance(win, classes, path):
+    """The chance that a node lies on the accepted path: its slots' win probabilities along it."""
+    out, deviation = 1.0, -1
+    for pos, slot in enumerate(path):
+        cls = classes[pos] if deviation < 0 else bd.after_deviation(classes[pos], pos - deviation)
+        out *= win[cls, slot]
+        deviation = pos if slot else deviation
+    return out
+
+
 def test_best_tree_is_the_best_tree_when_only_acceptance_counts():
     """With no leaf and no refresh value, the greedy maximises the expected accepted drafts over
     every valid tree (brute force, 3 positions, 2 slots): the win probabilities fall with the
@@ -112,27 +122,13 @@ def test_best_tree_is_the_best_tree_when_only_acceptance_counts():
     classes = (1, 2, 3)
 
     def chance(path):
-        out, deviation = 1.0, -1
-        for pos, slot in enumerate(path):
-            cls = classes[pos] if deviation < 0 else bd.after_deviation(classes[pos], pos - deviation)
-            out *= win[cls, slot]
-            deviation = pos if slot else deviation
-        return out
+        return _path_chance(win, classes, path)
 
     for size in range(1, 7):
         tree = bd.best_tree(win, classes, size, max_width=2, chain_value=0.0, refresh_value=0.0)
         best = max(sum(chance(p) for p in t) for t in _all_trees(3, 2, size))
         assert len(tree.paths) == size and tree.expected[-1] == pytest.approx(best), size
         assert tree.expected[-1] == pytest.approx(sum(chance(p) for p in tree.paths))
-
-
-def _path_chance(win, classes, path):
-    out, deviation = 1.0, -1
-    for pos, slot in enumerate(path):
-        cls = classes[pos] if deviation < 0 else bd.after_deviation(classes[pos], pos - deviation)
-        out *= win[cls, slot]
-        deviation = pos if slot else deviation
-    return out
 
 
 def test_run_means_are_every_runs_mean():
@@ -158,6 +154,7 @@ def test_a_weak_second_candidate_does_not_block_strong_ones_behind_it():
         tree = bd.best_tree(win, classes, size, max_width=3, chain_value=0.0, refresh_value=0.0)
         best = max(sum(_path_chance(win, classes, p) for p in t) for t in _all_trees(2, 3, size))
         assert len(tree.paths) == size and tree.expected[-1] == pytest.approx(best), size
+        assert tree.expected[-1] == pytest.approx(sum(_path_chance(win, classes, p) for p in tree.paths))
         TreeShape(tree.paths).check()
     assert (2,) in bd.best_tree(win, classes, 4, max_width=3, chain_value=0.0, refresh_value=0.0).paths
 

@@ -210,7 +210,7 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
         return classes[pos] if deviation < 0 else after_deviation(classes[pos], pos - deviation)
 
     # A frontier entry: (-gain, path, parent's last deviation (-1: none), parent's chance, parent's
-    # reach, node's chance, node's reach, nodes of the run its gain counts, the free nodes then).
+    # reach, node's chance, node's reach, nodes of the run its gain counts, the nodes free then).
     # Reach: the chance that the next pass's drafts are continued through the node (1 on the main
     # chain; from the main chain on, for a side node). A candidate slot > 0's gain is its best
     # run's mean gain per node (every term of it is linear in the slot's win probability).
@@ -243,8 +243,7 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
     heap = [entry((0,), -1, 1.0, 1.0, budget)] if window and budget > 0 else []
     total = 0.0
     while heap and len(chosen) < budget and heap[0][0] < 0:  # about `budget` pops: a few hundred host steps
-        item = heapq.heappop(heap)
-        _, path, parent_dev, parent_chance, parent_reach, chance, reach, run, free = item
+        _, path, parent_dev, parent_chance, parent_reach, chance, reach, run, _ = heapq.heappop(heap)
         free_now = budget - len(chosen)
         if run > free_now:  # its run no longer fits: valued again on the nodes still free
             heapq.heappush(heap, entry(path, parent_dev, parent_chance, parent_reach, free_now))
@@ -259,8 +258,8 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
             main = pos + 1
             ready = [w for w in waiting if len(w[1]) <= main]
             waiting = [w for w in waiting if len(w[1]) > main]
-            for side in ready:
-                heapq.heappush(heap, side)
+            for item in ready:
+                heapq.heappush(heap, item)
         free_now -= 1
         if slot + 1 < width_cap:  # the next candidate beside this node
             heapq.heappush(heap, entry(path[:-1] + (slot + 1,), parent_dev, parent_chance, parent_reach, free_now))

@@ -101,6 +101,16 @@ def _all_trees(window: int, slots: int, size: int):
             yield subset
 
 
+def _path_chance(win, classes, path):
+    """The chance that a node lies on the accepted path: its slots' win probabilities along it."""
+    out, deviation = 1.0, -1
+    for pos, slot in enumerate(path):
+        cls = classes[pos] if deviation < 0 else bd.after_deviation(classes[pos], pos - deviation)
+        out *= win[cls, slot]
+        deviation = pos if slot else deviation
+    return out
+
+
 def test_best_tree_is_the_best_tree_when_only_acceptance_counts():
     """With no leaf and no refresh value, the greedy maximises the expected accepted drafts over
     every valid tree (brute force, 3 positions, 2 slots): the win probabilities fall with the
@@ -112,18 +122,41 @@ def test_best_tree_is_the_best_tree_when_only_acceptance_counts():
     classes = (1, 2, 3)
 
     def chance(path):
-        out, deviation = 1.0, -1
-        for pos, slot in enumerate(path):
-            cls = classes[pos] if deviation < 0 else bd.after_deviation(classes[pos], pos - deviation)
-            out *= win[cls, slot]
-            deviation = pos if slot else deviation
-        return out
+        return _path_chance(win, classes, path)
 
     for size in range(1, 7):
         tree = bd.best_tree(win, classes, size, max_width=2, chain_value=0.0, refresh_value=0.0)
         best = max(sum(chance(p) for p in t) for t in _all_trees(3, 2, size))
         assert len(tree.paths) == size and tree.expected[-1] == pytest.approx(best), size
         assert tree.expected[-1] == pytest.approx(sum(chance(p) for p in tree.paths))
+
+
+def test_run_means_are_every_runs_mean():
+    win = np.zeros((bd.CLASSES, 4))
+    win[1] = (0.3, 0.02, 0.25, 0.1)
+    means = bd.run_means(win, 3)
+    for s in range(4):
+        for k in range(1, 5):
+            want = np.mean(win[1, s : s + k]) if s + k <= 3 else -np.inf
+            assert means[1, s, k - 1] == pytest.approx(want), (s, k)
+
+
+def test_a_weak_second_candidate_does_not_block_strong_ones_behind_it():
+    """Right behind a change the second candidate may win less often than the third: the greedy
+    values a candidate by the best run it opens, and stays optimal over every valid tree (brute
+    force, 2 positions, 3 slots); a greedy that adds slot 2 only when slot 1 alone is worth its
+    node never takes slot 2 at the first position within 4 nodes (0.585 instead of 0.81)."""
+    win = np.zeros((bd.CLASSES, 3))
+    win[1] = (0.3, 0.02, 0.25)
+    win[2] = (0.8, 0.1, 0.05)
+    classes = (1, 2)
+    for size in range(1, 8):
+        tree = bd.best_tree(win, classes, size, max_width=3, chain_value=0.0, refresh_value=0.0)
+        best = max(sum(_path_chance(win, classes, p) for p in t) for t in _all_trees(2, 3, size))
+        assert len(tree.paths) == size and tree.expected[-1] == pytest.approx(best), size
+        assert tree.expected[-1] == pytest.approx(sum(_path_chance(win, classes, p) for p in tree.paths))
+        TreeShape(tree.paths).check()
+    assert (2,) in bd.best_tree(win, classes, 4, max_width=3, chain_value=0.0, refresh_value=0.0).paths
 
 
 def test_best_tree_is_valid_and_every_prefix_is_a_tree():

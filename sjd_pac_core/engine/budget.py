@@ -33,6 +33,13 @@ EAGLE-2's tree construction; a node's gain is
   The main chain is at least `CHAIN_PASSES` times the tokens a pass commits (measured): a draft
   is refined over several passes before it reaches the front.
 
+A candidate slot joins only after the one before it, and the measured win probabilities need not
+fall with the slot (right behind a change, the second candidate wins less often than the third
+and fourth). So a side candidate is valued by the best run of candidates it opens: the best mean
+gain per node of slots s..s+k-1 together (`run_means`), as the concave hull of a separable
+allocation; a weak slot then joins when the run behind it is worth its nodes, and the strong
+slots after it follow at once. Near the budget's end a run counts only the nodes still free.
+
 The counts come from passes already verified and the tree is chosen before its pass; the classes
 depend only on the committed tokens' passes (never on a draft's value), so no choice sees the
 pass's own p or outcome, or a later draft: the sampler stays exact (drafters.py).
@@ -170,6 +177,20 @@ class BudgetTree:
         return BudgetTree(paths, window, tuple(widths), self.expected[:nodes])
 
 
+def run_means(win: np.ndarray, width_cap: int) -> np.ndarray:
+    """[classes, slots, slots]: out[c, s, k - 1] = the mean of win[c, s : s + k], the gain per
+    node of candidate slots s..s+k-1 added together (-inf where the run passes `width_cap`)."""
+    classes, slots = win.shape
+    cap = min(width_cap, slots)
+    ends = np.concatenate([np.zeros((classes, 1)), np.cumsum(win[:, :cap], axis=1)], axis=1)  # [c, cap + 1]
+    start = np.arange(slots)[:, None]
+    length = np.arange(1, slots + 1)[None, :]
+    end = start + length
+    fits = end <= cap
+    sums = ends[:, np.minimum(end, cap)] - ends[:, np.minimum(start, cap)]
+    return np.where(fits[None], sums / length[None], -np.inf)
+
+
 def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: int, leaf_value: float = 0.0,
               chain_value: float = CHAIN_VALUE, refresh_value: float = REFRESH_VALUE,
               refresh_decay: float = REFRESH_DECAY, min_chain: int = 0) -> BudgetTree:
@@ -183,37 +204,50 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
     """
     window = len(classes)
     width_cap = max(1, min(max_width, win.shape[1]))
+    runs = run_means(win, width_cap)
 
     def cls_at(pos: int, deviation: int) -> int:
         return classes[pos] if deviation < 0 else after_deviation(classes[pos], pos - deviation)
 
     # A frontier entry: (-gain, path, parent's last deviation (-1: none), parent's chance, parent's
-    # reach, node's chance, node's reach). Reach: the chance that the next pass's drafts are
-    # continued through the node (1 on the main chain; from the main chain on, for a side node).
-    def entry(path: Path, parent_dev: int, parent_chance: float, parent_reach: float) -> tuple:
+    # reach, node's chance, node's reach, nodes of the run its gain counts, the nodes free then).
+    # Reach: the chance that the next pass's drafts are continued through the node (1 on the main
+    # chain; from the main chain on, for a side node). A candidate slot > 0's gain is its best
+    # run's mean gain per node (every term of it is linear in the slot's win probability).
+    def entry(path: Path, parent_dev: int, parent_chance: float, parent_reach: float, free: int) -> tuple:
         pos, slot = len(path) - 1, path[-1]
-        p_win = win[cls_at(pos, parent_dev), slot]
+        cls = cls_at(pos, parent_dev)
+        p_win = win[cls, slot]
         chance = parent_chance * p_win
         decay = refresh_decay ** pos
+        run = 1
         if parent_dev < 0 and slot == 0:  # the main chain
             reach = 1.0
             gain = chance + chain_value * decay + (2.0 if pos < min_chain else 0.0)  # the floor first
         else:
             reach = parent_reach * p_win
-            gain = (1.0 + leaf_value) * chance + refresh_value * decay * reach
+            per_win = (1.0 + leaf_value) * parent_chance + refresh_value * decay * parent_reach
             if slot == 0:  # the first child of a side leaf, which stops being one
-                gain -= leaf_value * parent_chance
-        return (-gain, path, parent_dev, parent_chance, parent_reach, chance, reach)
+                gain = per_win * p_win - leaf_value * parent_chance
+            else:
+                means = runs[cls, slot, :max(1, free)]
+                run = int(np.argmax(means)) + 1
+                gain = per_win * means[run - 1]
+        return (-gain, path, parent_dev, parent_chance, parent_reach, chance, reach, run, free)
 
     chosen: List[Path] = []
     expected: List[float] = []
     widths = [0] * window
     main = 0  # positions the main chain covers
     waiting: list = []  # side nodes past the main chain's end, until it gets there
-    heap = [entry((0,), -1, 1.0, 1.0)] if window and budget > 0 else []
+    heap = [entry((0,), -1, 1.0, 1.0, budget)] if window and budget > 0 else []
     total = 0.0
-    while heap and len(chosen) < budget and heap[0][0] < 0:  # at most `budget` pops: a few hundred host steps
-        _, path, parent_dev, parent_chance, parent_reach, chance, reach = heapq.heappop(heap)
+    while heap and len(chosen) < budget and heap[0][0] < 0:  # about `budget` pops: a few hundred host steps
+        _, path, parent_dev, parent_chance, parent_reach, chance, reach, run, _ = heapq.heappop(heap)
+        free_now = budget - len(chosen)
+        if run > free_now:  # its run no longer fits: valued again on the nodes still free
+            heapq.heappush(heap, entry(path, parent_dev, parent_chance, parent_reach, free_now))
+            continue
         pos, slot = len(path) - 1, path[-1]
         chosen.append(path)
         total += chance
@@ -226,10 +260,11 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
             waiting = [w for w in waiting if len(w[1]) > main]
             for item in ready:
                 heapq.heappush(heap, item)
+        free_now -= 1
         if slot + 1 < width_cap:  # the next candidate beside this node
-            heapq.heappush(heap, entry(path[:-1] + (slot + 1,), parent_dev, parent_chance, parent_reach))
+            heapq.heappush(heap, entry(path[:-1] + (slot + 1,), parent_dev, parent_chance, parent_reach, free_now))
         if pos + 1 < window:  # the node's first child
-            child = entry(path + (0,), deviation, chance, reach)
+            child = entry(path + (0,), deviation, chance, reach, free_now)
             if deviation < 0 or pos + 1 < main:
                 heapq.heappush(heap, child)
             else:

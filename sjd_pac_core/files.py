@@ -134,8 +134,11 @@ def check_file_name(path: Union[str, Path], flag: str = "--output") -> None:
 def interrupts_deferred() -> Iterator[List[int]]:
     """Inside the block Ctrl-C (SIGINT) is noted, not raised; it is raised as KeyboardInterrupt when the
     block ends, so that files being written are all finished first. Elsewhere than the main thread
-    signals cannot be handled here and the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
+    signals cannot be handled here, and where Ctrl-C does not raise KeyboardInterrupt anyway (it is
+    ignored, as under nohup or in a background job, or another handler is set) the block runs as
+    it is."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield []
         return
     caught: List[int] = []

@@ -227,7 +227,9 @@ def test_ctrl_c_then_rerun_redoes_nothing_finished(tmp_path):
     command = [sys.executable, "-m", "sjd_pac_core.cli", "batch", str(source), "--out", str(out),
                "--methods", "sjd-pac@32", "--seeds", "0-1", "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    run = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as in a terminal: a child inherits an ignored SIGINT (CI started as a background job)
+    run = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and run.poll() is None:
         if (out / "results.jsonl").is_file() and (out / "results.jsonl").read_text().count("\n") >= 1:

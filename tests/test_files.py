@@ -58,7 +58,29 @@ def test_a_file_name_too_long_for_its_folder_is_one_sentence(tmp_path, name, ok)
     files.write_atomic(tmp_path / fitted, b"x")
 
 
-def test_ctrl_c_while_writing_takes_effect_after_the_writes(tmp_path):
+@pytest.fixture
+def python_ctrl_c():
+    """Ctrl-C raising KeyboardInterrupt, as in a terminal, whatever this process inherited (a
+    background job or nohup starts it with SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_an_ignored_ctrl_c_stays_ignored_while_writing(tmp_path):
+    """Under nohup or in a background job SIGINT is ignored: the block must not turn it into a
+    KeyboardInterrupt, and leaves it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with files.interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            files.write_atomic(tmp_path / "a.bin", b"z")
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_while_writing_takes_effect_after_the_writes(tmp_path, python_ctrl_c):
     written = []
     with pytest.raises(KeyboardInterrupt):
         with files.interrupts_deferred():
@@ -71,7 +93,7 @@ def test_ctrl_c_while_writing_takes_effect_after_the_writes(tmp_path):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_generate_with_ctrl_c_during_the_writes_keeps_every_image(tmp_path, monkeypatch):
+def test_generate_with_ctrl_c_during_the_writes_keeps_every_image(tmp_path, monkeypatch, python_ctrl_c):
     """A real `sjd-pac generate --batch-size 3`, interrupted (SIGINT) while its first PNG is written:
     every image is written whole, then it stops with "interrupted"."""
     from PIL import Image

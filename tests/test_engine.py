@@ -338,11 +338,17 @@ def test_compiled_auto_window_keeps_to_its_compiled_sizes_and_the_ar_tokens(lm, 
     fell back to eager), the auto window really moves among them, and the tokens are AR's."""
     from torch._dynamo.testing import CompileCounter
 
-    from sjd_pac_core.engine.window import COMPILED_CANDIDATE_WINDOWS
+    from sjd_pac_core.engine import loop
+    from sjd_pac_core.engine.window import COMPILED_CANDIDATE_WINDOWS, AutoWindow, CostCurve
 
     torch._dynamo.reset()
     counter = CompileCounter()
     monkeypatch.setattr(causal_lm, "COMPILE_BACKEND", counter)
+    # The window's choice follows a fixed CPU-like cost curve (each node costs), not this machine's
+    # timer: on a loaded machine the measured costs and per-pass overheads made it stay put.
+    curve = CostCurve((1, 65), (1.0, 5.0))
+    monkeypatch.setattr(loop, "measure_cost_curve", lambda *args, **kwargs: curve)
+    monkeypatch.setattr(AutoWindow, "note_overhead", lambda self, seconds: None)
     adapter = CausalLMAdapter(lm)
     ar = sp.sample_tokens(adapter, PROMPT, 120, config=sp.SamplerConfig(method="ar", verify="gumbel", cfg_scale=2.0),
                           seed=3, uncond_prompt_ids=UNCOND)

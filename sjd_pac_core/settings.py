@@ -180,6 +180,10 @@ def config_from_settings(
         values["top_p"] = None if p >= 1.0 else p
     if not _empty(compile):
         values["compile"] = switch(compile, "compile")
+    if values.get("node_budget") is not None and not base.with_(**{**values, "node_budget": None}).use_pd:
+        # SamplerConfig's own message speaks of node_budget=None, which no UI can enter
+        raise ConfigError("The node budget spends a pass's nodes on Proactive Drafting's tree; set the method to "
+                          "sjd_pac with Proactive Drafting on, or the node budget to 0 (off).")
     return base.with_(**values)
 
 
@@ -226,7 +230,7 @@ def window_one_note(config: SamplerConfig) -> str:
                  "is accepted")
         if config.tree_depth > 2:
             text += f", and its levels past the first (D = {config.tree_depth}) go unused"
-    return text + "; use L = 16-64 or 'auto' for more."
+    return text + "; use L = 16-64 or the auto window for more."
 
 
 def settings_line(config: SamplerConfig, threads: Optional[int] = None) -> str:

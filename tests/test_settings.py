@@ -166,6 +166,18 @@ def test_impossible_top_k_and_top_p_name_the_ui_values(field, value, fix):
     assert "None" not in str(err.value)
 
 
+@pytest.mark.parametrize("knobs", [dict(method="sjd"), dict(method="ar"), dict(method="sjd_pac", tree_depth=1),
+                                   dict(method="sjd_pac", proactive_drafting=False)])
+def test_a_node_budget_without_a_tree_names_the_ui_fix(knobs):
+    """A budget needs Proactive Drafting's tree: the message says what a widget or flag can set
+    (the node budget to 0), not SamplerConfig's node_budget=None."""
+    with pytest.raises(sp.ConfigError, match=re.escape("or the node budget to 0 (off)")) as err:
+        config_from_settings(DEMO_LIKE, node_budget=128, **knobs)
+    assert "None" not in str(err.value)
+    assert config_from_settings(DEMO_LIKE, node_budget=0, **knobs).node_budget is None
+    assert config_from_settings(DEMO_LIKE, node_budget=128, method="sjd_pac").node_budget == 128
+
+
 # --- what L = 1 does, said truly -----------------------------------------------------------------
 
 @pytest.mark.parametrize("knobs, says, never", [
@@ -180,7 +192,7 @@ def test_window_one_warning_says_what_l1_does(knobs, says, never):
     from sjd_pac_core.settings import pointless_setting_warnings
 
     (note,) = pointless_setting_warnings(sp.SamplerConfig(**knobs))
-    assert note.count(".") <= 2 and note.endswith("'auto' for more.")  # one sentence
+    assert note.count(".") <= 2 and note.endswith("or the auto window for more.")  # one sentence
     for phrase in says:
         assert phrase in note, note
     for phrase in never:

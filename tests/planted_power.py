@@ -17,7 +17,6 @@ A few minutes for all on one core (the pilots are the cost).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 

@@ -284,7 +284,7 @@ def test_generate_streams_updates_and_matches_the_sampler(app, app_model):
 
     tabs, image, download, pass_chart, hist_chart, stats_html, message, _ = outputs[-1]
     assert min(image.size) >= 512  # the 64x64 picture, upscaled (nearest) for display
-    assert Path(download).name == f"a-red-circle-top-left-on-a-blue-background_seed-0_sjd_pac.png"
+    assert Path(download).name == "a-red-circle-top-left-on-a-blue-background_seed-0_sjd_pac.png"
     assert final["settings"]["seed"] == 0 and final["settings"]["prompt"] == PROMPT
     from sjd_pac_core.settings import run_record
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sjd_pac_core.batch.jobs import BatchInputError, InputLine, ModelInfo, plan_jobs, read_input
+from sjd_pac_core.batch.jobs import BatchInputError, ModelInfo, plan_jobs, read_input
 from sjd_pac_core.batch.store import ResultStore
 from sjd_pac_core.bench.methods import parse_methods
 from sjd_pac_core.bench.runner import PROMPT_DIR

@@ -665,7 +665,7 @@ def architecture_tree_problems() -> List[str]:
     blocks, _, _ = read_doc(path)
     trees = [b for b in blocks if b.lang == "text" and "sjd_pac_core/" in b.text]
     if not trees:
-        return [f"docs/architecture.md: no ```text block with the module tree"]
+        return ["docs/architecture.md: no ```text block with the module tree"]
     problems, named = [], set()
     for block in trees:
         stack: List[Tuple[int, str]] = []  # (indent, folder)

@@ -642,3 +642,22 @@ def test_valid_tokens_decode_the_same_from_a_list_or_a_batch(family_models, fami
     assert np.array_equal(np.asarray(model.decode(tokens.int().unsqueeze(0), RESOLUTION[family])[0]), one)
     batch = model.decode(torch.stack([tokens, tokens]), RESOLUTION[family])  # (batched convolutions may round apart)
     assert len(batch) == 2 and np.array_equal(np.asarray(batch[0]), np.asarray(batch[1]))
+
+
+def test_a_transformers_too_old_is_one_sentence_before_any_file_is_read(tmp_path, monkeypatch):
+    """transformers 5.17 lacks the static cache's rollback and shapes a tree pass's masks otherwise
+    (seen on a GPU machine): load_model says so and how to upgrade, before touching the folder."""
+    import transformers
+
+    from sjd_pac_core.models.checks import MIN_TRANSFORMERS, check_transformers_version
+
+    check_transformers_version()  # the installed one passes
+    check_transformers_version(MIN_TRANSFORMERS)
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    read = []
+    monkeypatch.setattr(loader, "model_family", lambda *args: read.append(args))
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.load_model(tmp_path / "no-such-folder")
+    message = str(err.value)
+    assert message.startswith("transformers 5.17.0 is installed but sjd-pac needs") and message.count(";") == 1
+    assert f'pip install -U "transformers>={MIN_TRANSFORMERS}"' in message and not read

@@ -18,6 +18,25 @@ class ModelLoadError(ValueError):
     """The folder is not a checkpoint we can load; the message names the fix."""
 
 
+# The oldest transformers the adapters run on: 5.17 lacks the static cache's rollback
+# (StaticLayer.crop) and builds the attention masks of a tree pass in another shape.
+MIN_TRANSFORMERS = "5.24"
+
+
+def check_transformers_version(installed: Optional[str] = None) -> None:
+    """One sentence, before any file is read, when the installed transformers is too old."""
+    from packaging.version import Version
+
+    if installed is None:
+        import transformers
+
+        installed = transformers.__version__
+    if Version(installed) < Version(MIN_TRANSFORMERS):
+        raise ModelLoadError(
+            f"transformers {installed} is installed but sjd-pac needs {MIN_TRANSFORMERS} or newer; run "
+            f"pip install -U \"transformers>={MIN_TRANSFORMERS}\" in this Python environment."
+        )
+
 
 # Every safetensors data type (safetensors 0.8) and its width in bits.
 SAFETENSORS_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "F8_E5M2": 8, "F8_E4M3": 8,

@@ -20,6 +20,7 @@ from .checks import (  # noqa: F401  (re-exported: the loader's public checks)
     FINITE_CHECK_DEFAULT_LIMIT,
     ModelLoadError,
     check_finite_weights,
+    check_transformers_version,
     check_weight_files,
     checkpoint_numel,
     read_json_dict,
@@ -281,6 +282,7 @@ def load_model(
     if check_finite is not None and not isinstance(check_finite, bool):
         raise ModelLoadError(f"check_finite must be None, True or False, got {check_finite!r}.")
     quantize = check_choice(quantize)
+    check_transformers_version()
     folder, config, family = model_family(path)
     is_demo = folder == DEMO_FOLDER or family == "demo"
     try:

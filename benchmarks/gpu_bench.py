@@ -1,6 +1,6 @@
 """One command for the GPU numbers (issue 13, item 8); see sjd_pac_core/bench/hardware.py.
 
-    python benchmarks/gpu_bench.py --device cuda --out runs/gpu_bench     # ~10 min on one H100/H200-class GPU
+    python benchmarks/gpu_bench.py --device cuda --out runs/gpu_bench     # well over 10 min in full on an H200
     python benchmarks/gpu_bench.py --tiny --device cpu --out runs/tiny    # seconds, any CPU (what CI runs)
 """
 

@@ -510,13 +510,13 @@ def test_a_bad_node_budget_is_one_sentence(field, words):
 
 def test_the_node_budget_reaches_the_run_and_its_record(app, app_model):
     """A run within 64 nodes per pass: the record, the settings line under the numbers and the
-    refusal of a budget without the tree (the library's sentence) come from the one conversion."""
+    refusal of a budget without the tree (in the UI's words) come from the one conversion."""
     spec, model = app_model
     run = list(app.generate(*args_for(spec, model, window="auto", node_budget="64")))[-1]
     record = run[-1]["settings"]
     assert record["node_budget"] == 64 and "node budget 64" in run[5]
     message, ticket, _ = app.check(*args_for(spec, model, method="sjd", node_budget="128"))
-    assert not ticket and "method=&#x27;sjd_pac&#x27;" in message  # HTML-escaped on the page
+    assert not ticket and "set the method to sjd_pac" in message and "node budget to 0 (off)" in message
 
 
 def test_the_check_finite_switch_reaches_the_loader(app_model):

@@ -68,8 +68,14 @@ def set_number(page, selector: str, value: str) -> None:
 
 
 def wait_status(page, *wanted: str, timeout: int = RUN_TIMEOUT) -> str:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     selector = ", ".join(f"#run-stats [data-status='{w}']" for w in wanted)
-    page.wait_for_selector(selector, timeout=timeout)
+    try:
+        page.wait_for_selector(selector, timeout=timeout)
+    except PlaywrightTimeout:  # say what the page showed instead
+        raise AssertionError(f"no status {wanted} within {timeout / 1000:.0f} s; the page shows status "
+                             f"{status(page)!r}, message {page.inner_text('#message')!r}") from None
     return status(page)
 
 

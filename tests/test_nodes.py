@@ -351,9 +351,10 @@ def test_node_budget_reaches_the_sampler_config(pack):
         with pytest.raises(sp.ConfigError) as info:
             make(*knobs, node_budget=bad)
         assert words in str(info.value) and one_sentence(str(info.value)), str(info.value)
-    with pytest.raises(sp.ConfigError) as info:  # the library's own rule, one sentence
+    with pytest.raises(sp.ConfigError) as info:  # the rule in the UI's words, one sentence
         make("sjd", 0, 3, 4, "gumbel", 2.0, 1.0, 0, 1.0, node_budget=128)
-    assert "method='sjd_pac'" in str(info.value) and one_sentence(str(info.value))
+    assert "set the method to sjd_pac" in str(info.value) and one_sentence(str(info.value))
+    assert "None" not in str(info.value)  # the UI's words: "the node budget to 0 (off)"
 
 
 def test_node_budget_runs_and_is_recorded(pack, bridge, handle):

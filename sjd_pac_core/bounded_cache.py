@@ -24,21 +24,25 @@ V = TypeVar("V")
 MIB = 1 << 20
 
 
+# Values that hold no tensor: skipped without a call each (a shape's node paths are thousands of ints).
+_LEAVES = (int, float, complex, str, bytes, type(None), torch.device, torch.dtype)
+
+
 def _tensors(value: Any, depth: int = 3) -> Iterator[torch.Tensor]:
     """The tensors a value holds: itself, its dataclass fields, tuple/list/dict items (a few levels)."""
     if isinstance(value, torch.Tensor):
         yield value
-    elif depth <= 0:
+    elif depth <= 0 or isinstance(value, _LEAVES):
         return
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for field in dataclasses.fields(value):
             yield from _tensors(getattr(value, field.name), depth - 1)
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _tensors(item, depth - 1)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item, depth - 1)
+    elif isinstance(value, (tuple, list, dict)):
+        for item in (value.values() if isinstance(value, dict) else value):
+            if depth > 1 and not isinstance(item, _LEAVES):  # at depth 1 only a tensor item counts
+                yield from _tensors(item, depth - 1)
+            elif isinstance(item, torch.Tensor):
+                yield item
 
 
 def tensor_bytes(value: Any) -> int:
@@ -104,7 +108,7 @@ class ByteBoundedCache:
                 return entry[0]
         value = build()
         size = self.weigh(value)
-        bound = self.limit(_devices(value))
+        bound = self.max_bytes if self.device_fraction is None else self.limit(_devices(value))  # one walk less
         if size > bound:
             return value  # too big to keep: built again next time
         with self._lock:

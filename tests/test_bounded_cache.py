@@ -27,6 +27,9 @@ def test_tensor_bytes_counts_each_storage_once():
     assert tensor_bytes(Holder(data, data[:10])) == 4000  # a view shares its storage
     assert tensor_bytes((data, {"mask": torch.ones(10, 10, dtype=torch.bool)})) == 4100
     assert tensor_bytes("no tensors") == 0
+    # three levels down (a dataclass, a tuple, a list), beside the ints a shape's paths hold
+    nested = Holder((1, 2, [torch.ones(5), 3]), ((0, 1), (0, 2)))
+    assert tensor_bytes(nested) == 20 and tensor_bytes([[[[torch.ones(5)]]]]) == 0  # four levels: not looked at
 
 
 def test_least_recently_used_entries_leave_past_the_byte_bound():

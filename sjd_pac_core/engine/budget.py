@@ -13,7 +13,9 @@ from counts kept over the run's passes so far:
   and fail most), the first position after a pass that ended on a side leaf (its bonus token came
   from an exact p, so the change is two positions back), and positions new to the window
   (drafted from the nearest stale logits). Behind a path that took another candidate than the
-  draft, the distance counts from that candidate (`after_deviation`).
+  draft, the distance counts from that candidate (`after_deviation`). With own rows
+  (side_rows.py), the positions behind a side candidate at the first position are classes of
+  their own (`OWN_ROW`, by how far behind it): their drafts come from other proposals.
 
 A node lies on the accepted path with the product of its slots' win probabilities along its path
 (the first accepted candidate in draw order wins). `best_tree` adds nodes best gain first, as in
@@ -53,13 +55,19 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .side_rows import own_row_level
+
 Path = Tuple[int, ...]
 
 MAX_SLOTS = 32  # candidates one position may get
 MAX_DISTANCE = 24  # distances from the window's start are told apart up to this; further ones pool
 NEW = MAX_DISTANCE + 1  # the class of a position new to the window
 LEAF_START = NEW + 1  # the first position after a pass that ended on a side leaf (its bonus token)
-CLASSES = LEAF_START + 1
+# Positions behind a side candidate at the window's first position, drafted from its own
+# proposals (side_rows.py): by how far behind it, the last pooling the rest.
+OWN_ROW = LEAF_START + 1
+OWN_ROW_LEVELS = 3
+CLASSES = OWN_ROW + OWN_ROW_LEVELS
 CHAIN_VALUE = 0.1  # the refresh value of a main-chain node at position 0, in accepted drafts
 REFRESH_VALUE = 0.5  # that of a candidate beside the main chain, times its chance to be reached
 REFRESH_DECAY = 0.97  # per position
@@ -159,22 +167,37 @@ class DecayedMean:
 @dataclass(frozen=True)
 class BudgetTree:
     """The chosen tree: slot paths (parents first), the main chain's length (the window the pass
-    feeds), candidates per window position, and the expected accepted drafts after each node
-    was added (`expected[k - 1]`: the tree of its first k nodes, itself a valid tree)."""
+    feeds), candidates per window position (its position rows), the nodes that own a proposal
+    with their children's count (`own_rows`, `own_widths`), and the expected accepted drafts
+    after each node was added (`expected[k - 1]`: the tree of its first k nodes, itself a valid
+    tree)."""
 
     paths: Tuple[Path, ...]
     window: int
     widths: Tuple[int, ...]
     expected: Tuple[float, ...]
+    own_rows: Tuple[Path, ...] = ()
+    own_widths: Tuple[int, ...] = ()
+
+    @staticmethod
+    def of(paths: Sequence[Path], expected: Sequence[float], own_rows: bool) -> "BudgetTree":
+        """The tree of `paths`: its main chain, and the width of every row its nodes are drawn
+        from (a node's parent owns a row, with `own_rows`, else its position's)."""
+        window = max((len(p) for p in paths if not any(p)), default=0)
+        widths = [0] * window
+        owners: dict = {}  # parent path -> its children's count, in the order the parents appear
+        for p in paths:
+            parent = p[:-1]
+            if own_rows and own_row_level(parent) >= 0:
+                owners[parent] = max(owners.get(parent, 0), p[-1] + 1)
+            else:
+                widths[len(p) - 1] = max(widths[len(p) - 1], p[-1] + 1)
+        return BudgetTree(tuple(paths), window, tuple(widths), tuple(expected), tuple(owners),
+                          tuple(owners.values()))
 
     def first(self, nodes: int) -> "BudgetTree":
         """The tree of the first `nodes` nodes added."""
-        paths = self.paths[:nodes]
-        window = max((len(p) for p in paths if not any(p)), default=0)
-        widths = [0] * window
-        for p in paths:
-            widths[len(p) - 1] = max(widths[len(p) - 1], p[-1] + 1)
-        return BudgetTree(paths, window, tuple(widths), self.expected[:nodes])
+        return BudgetTree.of(self.paths[:nodes], self.expected[:nodes], bool(self.own_rows))
 
 
 def run_means(win: np.ndarray, width_cap: int) -> np.ndarray:
@@ -191,9 +214,20 @@ def run_means(win: np.ndarray, width_cap: int) -> np.ndarray:
     return np.where(fits[None], sums / length[None], -np.inf)
 
 
+def path_class(classes: Sequence[int], path: Path, deviation: int, own_rows: bool) -> int:
+    """The class of the window position of the node at `path`, whose parent's path last took
+    another candidate than the draft at position `deviation` (-1: never): with `own_rows`, an
+    own-row class behind a side candidate at the first position (its parent owns a proposal)."""
+    pos = len(path) - 1
+    level = own_row_level(path[:-1]) if own_rows else -1
+    if level >= 0:
+        return OWN_ROW + min(level, OWN_ROW_LEVELS - 1)
+    return classes[pos] if deviation < 0 else after_deviation(classes[pos], pos - deviation)
+
+
 def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: int, leaf_value: float = 0.0,
               chain_value: float = CHAIN_VALUE, refresh_value: float = REFRESH_VALUE,
-              refresh_decay: float = REFRESH_DECAY, min_chain: int = 0) -> BudgetTree:
+              refresh_decay: float = REFRESH_DECAY, min_chain: int = 0, own_rows: bool = False) -> BudgetTree:
     """The tree of at most `budget` nodes with the largest gain (the module docstring), the main
     chain's first `min_chain` nodes first.
 
@@ -206,9 +240,6 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
     width_cap = max(1, min(max_width, win.shape[1]))
     runs = run_means(win, width_cap)
 
-    def cls_at(pos: int, deviation: int) -> int:
-        return classes[pos] if deviation < 0 else after_deviation(classes[pos], pos - deviation)
-
     # A frontier entry: (-gain, path, parent's last deviation (-1: none), parent's chance, parent's
     # reach, node's chance, node's reach, nodes of the run its gain counts, the nodes free then).
     # Reach: the chance that the next pass's drafts are continued through the node (1 on the main
@@ -216,7 +247,7 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
     # run's mean gain per node (every term of it is linear in the slot's win probability).
     def entry(path: Path, parent_dev: int, parent_chance: float, parent_reach: float, free: int) -> tuple:
         pos, slot = len(path) - 1, path[-1]
-        cls = cls_at(pos, parent_dev)
+        cls = path_class(classes, path, parent_dev, own_rows)
         p_win = win[cls, slot]
         chance = parent_chance * p_win
         decay = refresh_decay ** pos
@@ -237,7 +268,6 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
 
     chosen: List[Path] = []
     expected: List[float] = []
-    widths = [0] * window
     main = 0  # positions the main chain covers
     waiting: list = []  # side nodes past the main chain's end, until it gets there
     heap = [entry((0,), -1, 1.0, 1.0, budget)] if window and budget > 0 else []
@@ -252,7 +282,6 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
         chosen.append(path)
         total += chance
         expected.append(total)
-        widths[pos] = max(widths[pos], slot + 1)
         deviation = pos if slot > 0 else parent_dev
         if deviation < 0:  # a main-chain node: side nodes waiting for this position come in
             main = pos + 1
@@ -269,7 +298,7 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
                 heapq.heappush(heap, child)
             else:
                 waiting.append(child)
-    return BudgetTree(tuple(chosen), main, tuple(widths[:main]), tuple(expected))
+    return BudgetTree.of(chosen, expected, own_rows)
 
 
 def fastest_budget(expected: Sequence[float], pass_seconds: Callable[[int], float],

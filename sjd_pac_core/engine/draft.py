@@ -43,8 +43,9 @@ class DraftWindow:
 class TreeDraft:
     """Candidates for the first `levels` window positions, and the tree the pass feeds.
 
-    candidates: long [levels, K]; row d is the draw for window position d (column 0 is the
-    window's own draft). valid: bool [levels, K]; False marks padding slots (q had fewer than K
+    candidates: long [levels + R, K]; row d < levels is the draw for window position d (column 0
+    is the window's own draft), row levels + r the draw from own_q[r] for the children of
+    shape.own_rows[r]. valid: bool, as candidates; False marks padding slots (q had fewer than K
     tokens), which are never accepted. shape: the nodes of the pass (any slots of these rows,
     the window's drafts beyond them on slot 0).
     """
@@ -53,10 +54,12 @@ class TreeDraft:
     valid: torch.Tensor
     shape: TreeShape
     widths: Tuple[int, ...] = ()  # a level tree's candidates per level (empty for another shape)
+    own_q: Optional[torch.Tensor] = None  # float [R, V]: the proposals of shape.own_rows
 
     @property
     def levels(self) -> int:
-        return int(self.candidates.shape[0])
+        """The position rows (the window positions with candidates)."""
+        return int(self.candidates.shape[0]) - len(self.shape.own_rows)
 
     @property
     def width(self) -> int:
@@ -75,3 +78,12 @@ class Draft:
     @property
     def shape(self) -> TreeShape:
         return self.tree.shape if self.tree is not None else chain_shape(len(self.window))
+
+    @property
+    def proposals(self) -> torch.Tensor:
+        """float [M + R, V]: every q the pass's children were drawn from (the window's, then the
+        tree's own rows), as NodeChildren.q_rows index them."""
+        tree = self.tree
+        if tree is None or tree.own_q is None:
+            return self.window.q
+        return torch.cat([self.window.q, tree.own_q.to(self.window.q.dtype)])

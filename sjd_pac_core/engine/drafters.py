@@ -28,9 +28,11 @@ from ..config import SamplerConfig, TreeLevels
 from ..sampling.drafting import initial_proposals
 from ..sampling.recipe import SamplingRecipe
 from ..sampling.tree import TreeShape, level_tree_shape, one_deviation_leaves, tree_layout
-from .budget import (MAX_SLOTS, AcceptanceTable, DecayedMean, after_deviation, best_tree,
-                     chain_floor, fastest_budget, position_classes)
+from ..transfer import to_device
+from .budget import (MAX_SLOTS, AcceptanceTable, DecayedMean, best_tree, chain_floor, fastest_budget, path_class,
+                     position_classes)
 from .draft import Draft, DraftWindow, TreeDraft
+from .side_rows import PastNodes, side_proposals
 from .verdict import Decisions, PassOutcome, StaleRows, Verdict
 
 
@@ -55,6 +57,7 @@ class PassReport:
     num_committed: int  # committed tokens after it (the next window's first position)
     target: int  # window size the window policy wants for the next pass
     draft: Draft  # what this pass verified
+    node_tokens: torch.Tensor  # long [S] on the device: each node's token (the draft laid out as the tree)
     outcome: PassOutcome  # host: accepted path, final token, rejected or not
     decisions: Decisions  # host copies of the pass's decisions
     verdict: Verdict  # device: every node's decision, draw and p
@@ -224,6 +227,9 @@ class EveryPassTreeDrafter(PACDrafter):
         return self.make_tree(ctx, window, report.num_committed, report.tree_widths) if self.proactive else None
 
 
+SIDE_CHAIN = 24  # the deepest own row below a side candidate that may come from the last pass's chain
+
+
 class BudgetDrafter(PACDrafter):
     """SJD-PAC within a node budget: before every pass, the tree of at most `budget` nodes worth
     the most by the acceptance this run has seen (engine/budget.py): how long the main chain is
@@ -232,15 +238,21 @@ class BudgetDrafter(PACDrafter):
     the candidates at a position are one draw without replacement from its q (the rule's), so
     any shape verifies exactly, and the shape depends only on passes already verified.
 
+    With `side_rows`, the nodes behind a side candidate at the window's first position draw
+    their children from proposals of their own, the p's the last pass computed behind that
+    candidate's token (engine/side_rows.py), instead of the main chain's drafts.
+
     With `cost` (seconds of a pass of n nodes, the auto window's curve measured on this
     hardware), every pass also picks its budget, up to `budget`, among BUDGET_CHOICES: the one
     with the most expected tokens per second (`budget.fastest_budget`).
     """
 
-    def __init__(self, continuation: bool, budget: int, max_width: int = MAX_SLOTS) -> None:
+    def __init__(self, continuation: bool, budget: int, max_width: int = MAX_SLOTS, side_rows: bool = False) -> None:
         super().__init__(continuation, proactive=False, tree=TreeLevels())
         self.budget = budget
         self.max_width = max_width
+        self.side_rows = side_rows
+        self.last: Optional[PassReport] = None  # the pass before the draft being made (side rows come from it)
         self.table = AcceptanceTable(max_width)
         self.cost: Optional[Callable[[int], float]] = None
         self.overhead = DecayedMean(0.0, decay=0.8)  # sampler seconds per pass outside the forward
@@ -270,6 +282,7 @@ class BudgetDrafter(PACDrafter):
 
     def next(self, ctx: DraftContext, report: PassReport) -> Draft:
         self.observe(report)
+        self.last = report if self.side_rows else None  # it holds the pass's p: kept only for side rows
         window, kept = self.continue_window(ctx, report) if report.stale.nodes else (
             report.draft.window.tail(len(report.draft.window)), 0)
         outcome = report.outcome
@@ -286,11 +299,12 @@ class BudgetDrafter(PACDrafter):
         self.accepted_after[self.after_leaf].add(report.outcome.accepted)
         self.tokens_per_pass.add(report.num_committed - report.start)
         deviation = -1
+        branch = report.outcome.branch
         for pos, node in enumerate((0,) + report.outcome.path_nodes):  # the path: a few dozen nodes
             width = len(layout.children[node])
             if not width or pos >= len(self.classes):
                 break
-            cls = self.classes[pos] if deviation < 0 else after_deviation(self.classes[pos], pos - deviation)
+            cls = path_class(self.classes, branch[:pos] + (0,), deviation, self.side_rows)  # of node's children
             self.table.add(cls, width, accepted[node])
             if accepted[node] > 0:
                 deviation = pos
@@ -302,7 +316,8 @@ class BudgetDrafter(PACDrafter):
         leaf_value = max(0.0, self.accepted_after[True].mean - self.accepted_after[False].mean)
         vocab = int(window.q.shape[-1])
         tree = best_tree(self.table.win_probabilities(), classes, self.budget, min(self.max_width, vocab),
-                         leaf_value=leaf_value, min_chain=chain_floor(self.tokens_per_pass.mean, self.budget))
+                         leaf_value=leaf_value, min_chain=chain_floor(self.tokens_per_pass.mean, self.budget),
+                         own_rows=self.side_rows)
         nodes = self.budget
         if self.cost is not None:
             nodes = fastest_budget(tree.expected, self.pass_seconds) or self.budget
@@ -312,9 +327,26 @@ class BudgetDrafter(PACDrafter):
         levels = max((pos + 1 for pos, w in enumerate(tree.widths) if w > 1), default=0)
         if not levels:
             return Draft(window, None, kept, nodes)
-        cands, valid = ctx.rule.candidates(window.q[:levels], window.tokens[:levels], max(tree.widths),
+        width = max(tree.widths + tree.own_widths)
+        cands, valid = ctx.rule.candidates(window.q[:levels], window.tokens[:levels], width,
                                            ctx.positions[start : start + levels])
-        return Draft(window, TreeDraft(cands, valid, TreeShape(tree.paths)), kept, nodes)
+        own_q = None
+        if tree.own_rows:  # (side candidate's slot, level below it) per row
+            rows = [(path[0], len(path) - 1) for path in tree.own_rows]
+            own_q, first = side_proposals(self.past_nodes(start), cands[0], rows, window.q[1:], window.tokens[1:])
+            positions = to_device(tuple(start + 1 + level for _, level in rows), own_q.device)
+            own, own_valid = ctx.rule.candidates(own_q, first, width, positions)
+            cands, valid = torch.cat([cands, own]), torch.cat([valid, own_valid])
+        return Draft(window, TreeDraft(cands, valid, TreeShape(tree.paths, tree.own_rows), own_q=own_q), kept, nodes)
+
+    def past_nodes(self, position: int) -> Optional[PastNodes]:
+        """The last pass's nodes holding the token of image `position` (the window's first)."""
+        report = self.last
+        if report is None:
+            return None
+        verdict = report.verdict
+        return PastNodes.of(tree_layout(report.draft.shape), report.decisions.accepted_child, report.node_tokens,
+                            verdict.p, verdict.draft_token, report.start, position, SIDE_CHAIN)
 
 
 def make_drafter(config: SamplerConfig) -> Drafter:

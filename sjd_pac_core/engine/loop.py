@@ -109,9 +109,10 @@ class PassShape:
 
     Nodes beyond the tree's are padding: token 0 at the root's position, seeing only themselves,
     never read. The node tokens of a pass are one gather from its flat token source
-    [root, tree candidates (row-major, K per row), window drafts, padding token] by
-    `token_source`; the children of every node (for verification) are one gather from the same
-    source by `child_source`, and their validity from the matching flat validity mask.
+    [root, tree candidates (row-major, K per row: the position rows, then the own rows), window
+    drafts, padding token] by `token_source`; the children of every node (for verification) are
+    one gather from the same source by `child_source`, and their validity from the matching flat
+    validity mask.
     """
 
     layout: TreeLayout
@@ -121,7 +122,7 @@ class PassShape:
     attend: torch.Tensor  # bool [E, E]
     token_source: torch.Tensor  # long [E]
     child_source: torch.Tensor  # long [S, K]: each node's children by slot (the padding index past them)
-    q_rows: torch.Tensor  # long [S]: the window position each node's children were drawn at
+    q_rows: torch.Tensor  # long [S]: the row of the draft's proposals each node's children were drawn from
     single: torch.Tensor  # long: the nodes with one child, several, none (NodeChildren's groups)
     multi: torch.Tensor
     leaves: torch.Tensor
@@ -131,17 +132,23 @@ class PassShape:
               device: torch.device) -> "PassShape":
         s = layout.num_nodes
         pad = envelope - s
-        pad_source = 1 + levels * width + window  # the padding token's index in the flat source
+        paths = ((),) + layout.shape.paths
+        own = {owner: r for r, owner in enumerate(layout.shape.own_rows)}  # node path -> its own row
+        rows = levels + len(own)
+        pad_source = 1 + rows * width + window  # the padding token's index in the flat source
         depths, slots = layout.node_depths, layout.node_slots
 
         def source(node: int) -> int:
             d, slot = depths[node], slots[node]
             if d == 0:
                 return 0
+            parent = paths[node][:-1]
+            if parent in own:
+                return 1 + (levels + own[parent]) * width + slot
             if d - 1 < levels:
                 return 1 + (d - 1) * width + slot
             assert slot == 0, "a slot beyond 0 outside the candidate rows"
-            return 1 + levels * width + (d - 1)
+            return 1 + rows * width + (d - 1)
 
         token_source = [source(node) for node in range(s)] + [pad_source] * pad  # once per shape
         k = max(1, layout.max_children)
@@ -152,6 +159,8 @@ class PassShape:
             return copy_to_device(torch.tensor([u for u, c in enumerate(counts) if keep(c)], dtype=torch.long),
                                   device)
 
+        # a node's children were drawn from its depth's window q, or from its own row's
+        q_rows = [window + own[paths[u]] if paths[u] in own else min(depths[u], max(window - 1, 0)) for u in range(s)]
         attend = torch.eye(envelope, dtype=torch.bool)
         attend[:s, :s] = layout.attend
         return PassShape(
@@ -160,7 +169,7 @@ class PassShape:
             attend=copy_to_device(attend, device),
             token_source=copy_to_device(torch.tensor(token_source, dtype=torch.long), device),
             child_source=copy_to_device(torch.tensor(child_source, dtype=torch.long), device),
-            q_rows=copy_to_device(layout.depths.clamp(max=max(window - 1, 0)), device),
+            q_rows=copy_to_device(torch.tensor(q_rows, dtype=torch.long), device),
             single=nodes(lambda c: c == 1), multi=nodes(lambda c: c > 1), leaves=nodes(lambda c: c == 0),
         )
 
@@ -312,7 +321,8 @@ class _Decoder:
             self.rule.prepare(state.num_committed)
             carried = continuation(layout, decisions, outcome, last_depth)
             report = PassReport(start=n, num_committed=state.num_committed, target=target, draft=plan.draft,
-                                outcome=outcome, decisions=decisions, verdict=verdict,
+                                node_tokens=plan.tokens[: layout.num_nodes], outcome=outcome, decisions=decisions,
+                                verdict=verdict,
                                 proposal_logits=logits[:, carried.proposal],
                                 stale=StaleRows.gather(verdict, decisions, carried.nodes, self.device),
                                 tree_widths=self.window_policy.next_tree())
@@ -402,7 +412,7 @@ class _Decoder:
         positions = (n + plan.shape.depths[:s]).clamp(max=last)
         probs = process(logits[:, :s], positions, self.recipe, self.constraints)
         children = plan.children
-        accepted, next_token = self.rule.verify(probs, positions, children, plan.draft.window.q)
+        accepted, next_token = self.rule.verify(probs, positions, children, plan.draft.proposals)
         chosen = children.tokens.gather(1, accepted.clamp(min=0).unsqueeze(1)).squeeze(1)
         draft_token = adaptive_continuation(chosen, accepted >= 0, next_token)
         return Verdict(accepted_child=accepted, next_token=next_token, draft_token=draft_token, p=probs,

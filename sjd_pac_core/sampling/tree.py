@@ -13,6 +13,10 @@ the Proactive Drafting tree gives every node of its first D - 1 levels the same 
 (`level_tree_shape`), with the chain hung off the main branch (the path of slot 0s); side chains
 hang the chain's first drafts also off some side leaves. A drafter may build any other shape
 from its slot paths (`TreeShape.check` says whether it is one).
+
+A node may also own a proposal: its children are then a draw from a q of its own (a candidate
+row after the position rows) instead of its position's. The budget drafter gives one to the
+nodes behind a side candidate, whose context the position's q never saw (engine/side_rows.py).
 """
 
 from __future__ import annotations
@@ -37,10 +41,12 @@ class TreeShape:
     """
 
     paths: Tuple[Path, ...]
+    own_rows: Tuple[Path, ...] = ()  # nodes whose children come from a proposal of their own, in row order
 
     def check(self) -> None:
-        """Parents before children, no duplicates, and every node's children are the slots
-        0..k-1 of the next position (what makes recursive rejection over them exact)."""
+        """Parents before children, no duplicates, every node's children are the slots 0..k-1
+        of one draw (what makes recursive rejection over them exact), and a node that owns a
+        proposal exists and has children."""
         seen: Dict[Path, int] = {(): 0}
         children: Dict[Path, list] = {}
         for path in self.paths:
@@ -51,6 +57,10 @@ class TreeShape:
         for parent, slots in children.items():
             if sorted(slots) != list(range(len(slots))):
                 raise ValueError(f"tree shape: the children of {parent} must be slots 0..k-1, got {sorted(slots)}")
+        for owner in self.own_rows:
+            if owner not in children or not owner or self.own_rows.count(owner) > 1:
+                raise ValueError(f"tree shape: node {owner} owns a proposal but is the root, repeats or "
+                                 "has no children")
 
     @property
     def num_nodes(self) -> int:
@@ -64,7 +74,7 @@ class TreeShape:
 
 def shape_bytes(shape: TreeShape) -> int:
     """Bytes of a shape's node paths (a tuple per node, as long as its depth)."""
-    return sys.getsizeof(shape.paths) + sum(map(sys.getsizeof, shape.paths))
+    return sys.getsizeof(shape.paths) + sum(map(sys.getsizeof, shape.paths)) + sys.getsizeof(shape.own_rows)
 
 
 # A run near the image's end meets a new shape every pass: kept up to a number of bytes.

@@ -334,6 +334,27 @@ def test_planted_outcome_budget_is_caught_on_the_markov_chain(monkeypatch):
     assert p_value < P_VALUE_PLANTED_MAX, f"p = {p_value:.2e} at {worst}"
 
 
+def test_planted_first_draft_from_the_mixture_verified_as_the_old_q_is_caught(monkeypatch):
+    # The first draft behind a changed token drawn from the mixture of the p's behind every
+    # rejected candidate, but verified as a draw from the p behind the rejected draft alone.
+    # 1500 samples: p = 2e-12 and 3e-8 at seeds 10**6+ and 2 x 10**6+ (unplanted: 0.10 and 0.43)
+    original = drafters.Drafter.behind_the_change
+    calls = []
+
+    def faulty(ctx, report, window, weight):
+        redrawn, changed = original(ctx, report, window, weight)
+        if not changed:
+            return redrawn, changed
+        calls.append(1)
+        return drafters.DraftWindow(redrawn.tokens, torch.cat([window.q[:1], redrawn.q[1:]])), changed
+
+    monkeypatch.setattr(drafters.Drafter, "behind_the_change", staticmethod(faulty))
+    config, _ = MARKOV_CASES["budget_48_cfg"]
+    p_value, worst, _ = _markov_check(config, 1500, seed0=10**6)
+    assert calls
+    assert p_value < P_VALUE_PLANTED_MAX, f"p = {p_value:.2e} at {worst}"
+
+
 def test_budget_trees_behind_side_candidates_match_a_second_order_chain():
     """Branches behind a side candidate are verified against p's fed behind that candidate: a
     chain whose token follows its grandparent shows a branch checked in the wrong context."""

@@ -307,3 +307,15 @@ def test_top_k_and_top_p_filters():
     kept = torch.isfinite(top_p_filter(logits, 0.7))[0].tolist()
     assert kept == [True, True, False, False]  # 0.5 < 0.7, then 0.75 reaches it
     assert torch.isfinite(top_p_filter(logits, 0.5))[0].tolist() == [True, False, False, False]
+
+
+def test_rejected_mixture_averages_the_p_behind_each_rejected_candidate_by_its_mass():
+    from sjd_pac_core.sampling.drafting import rejected_mixture
+
+    behind = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    mass = torch.tensor([0.1, 0.3, 0.0])  # the third candidate had no mass under the rejecting p
+    assert torch.allclose(rejected_mixture(behind, mass, 1.0), torch.tensor([0.25, 0.75, 0.0]))
+    assert torch.allclose(rejected_mixture(behind, mass, 0.2), torch.tensor([0.85, 0.15, 0.0]))
+    assert torch.equal(rejected_mixture(behind, mass, 0.0), behind[0])
+    # no candidate had mass (cut by top-k): the p behind the rejected draft alone
+    assert torch.equal(rejected_mixture(behind, torch.zeros(3), 1.0), behind[0])

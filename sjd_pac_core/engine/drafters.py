@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 
 from ..config import SamplerConfig, TreeLevels
-from ..sampling.drafting import initial_proposals
+from ..sampling.drafting import initial_proposals, rejected_mixture
 from ..sampling.recipe import SamplingRecipe
 from ..sampling.tree import TreeShape, level_tree_shape, one_deviation_leaves, tree_layout
 from ..transfer import to_device
@@ -112,6 +112,27 @@ class Drafter(ABC):
             return window
         extra = cls.fresh(ctx, logits, start + len(window), missing)
         return window.extend(extra.tokens, extra.q)
+
+    @staticmethod
+    def behind_the_change(ctx: DraftContext, report: PassReport, window: DraftWindow,
+                          weight: float) -> Tuple[DraftWindow, bool]:
+        """The window with its first draft redrawn from `sampling.drafting.rejected_mixture`
+        where the pass ended on a rejection among several candidates (else unchanged), and
+        whether it was: the mixture of the p's behind every rejected candidate."""
+        outcome = report.outcome
+        if not (weight and outcome.rejected and len(window)):
+            return window, False
+        end = outcome.path_nodes[-1] if outcome.path_nodes else 0
+        rejected = tree_layout(report.draft.shape).children[end]
+        if len(rejected) < 2:
+            return window, False
+        p = report.verdict.p
+        index = to_device(rejected, p.device)
+        mass = p[end].gather(0, report.node_tokens.index_select(0, index))
+        q = rejected_mixture(p.index_select(0, index), mass, weight).unsqueeze(0).to(window.q.dtype)
+        start = report.num_committed
+        first = ctx.rule.draw(q, ctx.positions[start : start + 1])
+        return DraftWindow(torch.cat([first, window.tokens[1:]]), torch.cat([q, window.q[1:]])), True
 
     @staticmethod
     def shaped_tree(ctx: DraftContext, window: DraftWindow, start: int, widths: Sequence[int],
@@ -228,6 +249,7 @@ class EveryPassTreeDrafter(PACDrafter):
 
 
 SIDE_CHAIN = 24  # the deepest own row below a side candidate that may come from the last pass's chain
+MIXTURE_WEIGHT = 1.0  # the budget drafter's first draft after a rejection: rejected_mixture's weight
 
 
 class BudgetDrafter(PACDrafter):
@@ -238,6 +260,10 @@ class BudgetDrafter(PACDrafter):
     the candidates at a position are one draw without replacement from its q (the rule's), so
     any shape verifies exactly, and the shape depends only on passes already verified.
 
+    After a rejection among several candidates, the first draft is drawn from the mixture of the
+    p's the pass computed behind all of them (`mixture_weight`; `Drafter.behind_the_change`):
+    right behind a changed token it wins more often than the draft carried on behind one of them.
+
     With `side_rows`, the nodes behind a side candidate at the window's first position draw
     their children from proposals of their own, the p's the last pass computed behind that
     candidate's token (engine/side_rows.py), instead of the main chain's drafts.
@@ -247,11 +273,13 @@ class BudgetDrafter(PACDrafter):
     with the most expected tokens per second (`budget.fastest_budget`).
     """
 
-    def __init__(self, continuation: bool, budget: int, max_width: int = MAX_SLOTS, side_rows: bool = False) -> None:
+    def __init__(self, continuation: bool, budget: int, max_width: int = MAX_SLOTS, side_rows: bool = False,
+                 mixture_weight: float = MIXTURE_WEIGHT) -> None:
         super().__init__(continuation, proactive=False, tree=TreeLevels())
         self.budget = budget
         self.max_width = max_width
         self.side_rows = side_rows
+        self.mixture_weight = mixture_weight
         self.last: Optional[PassReport] = None  # the pass before the draft being made (side rows come from it)
         self.table = AcceptanceTable(max_width)
         self.cost: Optional[Callable[[int], float]] = None
@@ -289,6 +317,9 @@ class BudgetDrafter(PACDrafter):
         self.after_leaf = not outcome.rejected and any(outcome.branch)
         carried = len(window)
         window = self.fill(ctx, window, report.proposal_logits, report.num_committed, report.target)
+        window, redrawn = self.behind_the_change(ctx, report, window, self.mixture_weight)
+        if redrawn and report.stale.nodes:  # the first draft is no longer the one AC kept
+            kept -= report.decisions.accepted_child[report.stale.nodes[0]] == 0
         return self.budget_draft(ctx, window, report.num_committed, carried, kept)
 
     def observe(self, report: PassReport) -> None:

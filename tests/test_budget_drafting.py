@@ -334,10 +334,40 @@ def test_planted_outcome_budget_is_caught_on_the_markov_chain(monkeypatch):
     assert p_value < P_VALUE_PLANTED_MAX, f"p = {p_value:.2e} at {worst}"
 
 
-def test_planted_first_draft_from_the_mixture_verified_as_the_old_q_is_caught(monkeypatch):
+def _fixed_tree_with_the_mixture(monkeypatch):
+    """The default fixed tree (every pass) with the first-draft mixture switched on."""
+    original = drafters.make_drafter
+
+    def make(config):
+        drafter = original(config)
+        drafter.mixture_weight = 1.0
+        return drafter
+
+    monkeypatch.setattr(drafters, "make_drafter", make)
+
+
+MIXTURE_CASES = {
+    "budget_48_cfg": (MARKOV_CASES["budget_48_cfg"][0], None),
+    "fixed_tree_cfg": (RejectionConfig(window=8, cfg_scale=2.0), _fixed_tree_with_the_mixture),
+}
+
+
+def test_the_fixed_tree_with_the_mixture_matches_the_markov_marginals(monkeypatch):
+    config, switch_on = MIXTURE_CASES["fixed_tree_cfg"]
+    switch_on(monkeypatch)
+    p_value, worst, _ = _markov_check(config, 1500)
+    assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
+
+
+@pytest.mark.parametrize("name", list(MIXTURE_CASES))
+def test_planted_first_draft_from_the_mixture_verified_as_the_old_q_is_caught(monkeypatch, name):
     # The first draft behind a changed token drawn from the mixture of the p's behind every
     # rejected candidate, but verified as a draw from the p behind the rejected draft alone.
-    # 1500 samples: p = 2e-12 and 3e-8 at seeds 10**6+ and 2 x 10**6+ (unplanted: 0.10 and 0.43)
+    # 1500 samples, budget: p = 2e-12 and 3e-8 at seeds 10**6+ and 2 x 10**6+ (unplanted: 0.10
+    # and 0.43); fixed tree: 8e-16 and 4e-15 (unplanted: 0.40 and 0.27)
+    config, switch_on = MIXTURE_CASES[name]
+    if switch_on is not None:
+        switch_on(monkeypatch)
     original = drafters.Drafter.behind_the_change
     calls = []
 
@@ -349,7 +379,6 @@ def test_planted_first_draft_from_the_mixture_verified_as_the_old_q_is_caught(mo
         return drafters.DraftWindow(redrawn.tokens, torch.cat([window.q[:1], redrawn.q[1:]])), changed
 
     monkeypatch.setattr(drafters.Drafter, "behind_the_change", staticmethod(faulty))
-    config, _ = MARKOV_CASES["budget_48_cfg"]
     p_value, worst, _ = _markov_check(config, 1500, seed0=10**6)
     assert calls
     assert p_value < P_VALUE_PLANTED_MAX, f"p = {p_value:.2e} at {worst}"

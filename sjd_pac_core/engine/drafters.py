@@ -186,13 +186,23 @@ class SJDDrafter(Drafter):
     def next_tree(self, ctx: DraftContext, report: PassReport, window: DraftWindow) -> Optional[TreeDraft]:
         return None
 
+    def first_after_rejection(self, ctx: DraftContext, report: PassReport, window: DraftWindow,
+                              kept: int) -> Tuple[DraftWindow, int]:
+        """The window and its count of drafts kept by AC, once its first draft is settled: SJD
+        keeps the one drawn from the stale p (PACDrafter may redraw it)."""
+        return window, kept
+
     def next(self, ctx: DraftContext, report: PassReport) -> Draft:
         if report.stale.nodes:
             window, kept = self.continue_window(ctx, report)
         else:
             window, kept = report.draft.window.tail(len(report.draft.window)), 0  # nothing left: empty
         window = self.fill(ctx, window, report.proposal_logits, report.num_committed, report.target)
+        window, kept = self.first_after_rejection(ctx, report, window, kept)
         return Draft(window, self.next_tree(ctx, report, window), kept)
+
+
+MIXTURE_WEIGHT = 1.0  # the budget drafter's first draft after a rejection among several candidates
 
 
 class PACDrafter(SJDDrafter):
@@ -201,13 +211,28 @@ class PACDrafter(SJDDrafter):
     switched off (the paper's ablation). `tree` is the tree in numbers (config.TreeLevels: the
     level widths, side chains hung off the one-deviation leaves so a side-branch win no longer
     ends the pass, chain siblings beside the chain's drafts); `max_window`, the longest window a
-    pass may carry, sizes the envelope when the tree has chain siblings."""
+    pass may carry, sizes the envelope when the tree has chain siblings.
 
-    def __init__(self, continuation: bool, proactive: bool, tree: TreeLevels, max_window: int = 0) -> None:
+    With `mixture_weight` > 0, after a rejection among several candidates (a tree level) the
+    first draft is drawn from the mixture of the p's the pass computed behind all of them
+    (`Drafter.behind_the_change`): right behind a changed token it wins more often than the
+    draft carried on behind one of them. The budget drafter uses it (MIXTURE_WEIGHT); the fixed
+    trees keep it off until their timed results are measured with it."""
+
+    def __init__(self, continuation: bool, proactive: bool, tree: TreeLevels, max_window: int = 0,
+                 mixture_weight: float = 0.0) -> None:
         self.continuation = continuation
         self.proactive = proactive and bool(tree.widths)
         self.tree = tree if self.proactive else TreeLevels()
         self.max_window = max_window
+        self.mixture_weight = mixture_weight
+
+    def first_after_rejection(self, ctx: DraftContext, report: PassReport, window: DraftWindow,
+                              kept: int) -> Tuple[DraftWindow, int]:
+        window, redrawn = self.behind_the_change(ctx, report, window, self.mixture_weight)
+        if redrawn and report.stale.nodes:  # the first draft is no longer the one AC kept
+            kept -= report.decisions.accepted_child[report.stale.nodes[0]] == 0
+        return window, kept
 
     @property
     def max_side_nodes(self) -> int:
@@ -249,7 +274,6 @@ class EveryPassTreeDrafter(PACDrafter):
 
 
 SIDE_CHAIN = 24  # the deepest own row below a side candidate that may come from the last pass's chain
-MIXTURE_WEIGHT = 1.0  # the budget drafter's first draft after a rejection: rejected_mixture's weight
 
 
 class BudgetDrafter(PACDrafter):
@@ -258,11 +282,9 @@ class BudgetDrafter(PACDrafter):
     (the window the pass feeds), how many candidates each position gets, and which candidates
     get branches of their own. Adaptive Continuation carries the drafts over, as in PACDrafter;
     the candidates at a position are one draw without replacement from its q (the rule's), so
-    any shape verifies exactly, and the shape depends only on passes already verified.
-
-    After a rejection among several candidates, the first draft is drawn from the mixture of the
-    p's the pass computed behind all of them (`mixture_weight`; `Drafter.behind_the_change`):
-    right behind a changed token it wins more often than the draft carried on behind one of them.
+    any shape verifies exactly, and the shape depends only on passes already verified. After a
+    rejection among several candidates, the first draft comes from the mixture of the p's behind
+    all of them (`mixture_weight`, as in PACDrafter; on by default here).
 
     With `side_rows`, the nodes behind a side candidate at the window's first position draw
     their children from proposals of their own, the p's the last pass computed behind that
@@ -275,11 +297,10 @@ class BudgetDrafter(PACDrafter):
 
     def __init__(self, continuation: bool, budget: int, max_width: int = MAX_SLOTS, side_rows: bool = False,
                  mixture_weight: float = MIXTURE_WEIGHT) -> None:
-        super().__init__(continuation, proactive=False, tree=TreeLevels())
+        super().__init__(continuation, proactive=False, tree=TreeLevels(), mixture_weight=mixture_weight)
         self.budget = budget
         self.max_width = max_width
         self.side_rows = side_rows
-        self.mixture_weight = mixture_weight
         self.last: Optional[PassReport] = None  # the pass before the draft being made (side rows come from it)
         self.table = AcceptanceTable(max_width)
         self.cost: Optional[Callable[[int], float]] = None
@@ -317,9 +338,7 @@ class BudgetDrafter(PACDrafter):
         self.after_leaf = not outcome.rejected and any(outcome.branch)
         carried = len(window)
         window = self.fill(ctx, window, report.proposal_logits, report.num_committed, report.target)
-        window, redrawn = self.behind_the_change(ctx, report, window, self.mixture_weight)
-        if redrawn and report.stale.nodes:  # the first draft is no longer the one AC kept
-            kept -= report.decisions.accepted_child[report.stale.nodes[0]] == 0
+        window, kept = self.first_after_rejection(ctx, report, window, kept)
         return self.budget_draft(ctx, window, report.num_committed, carried, kept)
 
     def observe(self, report: PassReport) -> None:

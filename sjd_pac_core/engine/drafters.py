@@ -192,13 +192,20 @@ class SJDDrafter(Drafter):
         keeps the one drawn from the stale p (PACDrafter may redraw it)."""
         return window, kept
 
-    def next(self, ctx: DraftContext, report: PassReport) -> Draft:
+    def next_window(self, ctx: DraftContext, report: PassReport) -> Tuple[DraftWindow, int, int]:
+        """The next pass's window: the verified drafts carried on, filled to the target, its first
+        draft settled; with the drafts kept by AC and how many were carried (not new)."""
         if report.stale.nodes:
             window, kept = self.continue_window(ctx, report)
         else:
             window, kept = report.draft.window.tail(len(report.draft.window)), 0  # nothing left: empty
+        carried = len(window)
         window = self.fill(ctx, window, report.proposal_logits, report.num_committed, report.target)
         window, kept = self.first_after_rejection(ctx, report, window, kept)
+        return window, kept, carried
+
+    def next(self, ctx: DraftContext, report: PassReport) -> Draft:
+        window, kept, _ = self.next_window(ctx, report)
         return Draft(window, self.next_tree(ctx, report, window), kept)
 
 
@@ -332,13 +339,9 @@ class BudgetDrafter(PACDrafter):
     def next(self, ctx: DraftContext, report: PassReport) -> Draft:
         self.observe(report)
         self.last = report if self.side_rows else None  # it holds the pass's p: kept only for side rows
-        window, kept = self.continue_window(ctx, report) if report.stale.nodes else (
-            report.draft.window.tail(len(report.draft.window)), 0)
+        window, kept, carried = self.next_window(ctx, report)
         outcome = report.outcome
         self.after_leaf = not outcome.rejected and any(outcome.branch)
-        carried = len(window)
-        window = self.fill(ctx, window, report.proposal_logits, report.num_committed, report.target)
-        window, kept = self.first_after_rejection(ctx, report, window, kept)
         return self.budget_draft(ctx, window, report.num_committed, carried, kept)
 
     def observe(self, report: PassReport) -> None:

@@ -334,28 +334,17 @@ def test_planted_outcome_budget_is_caught_on_the_markov_chain(monkeypatch):
     assert p_value < P_VALUE_PLANTED_MAX, f"p = {p_value:.2e} at {worst}"
 
 
-def _fixed_tree_with_the_mixture(monkeypatch):
-    """The default fixed tree (every pass) with the first-draft mixture switched on."""
-    original = drafters.make_drafter
-
-    def make(config):
-        drafter = original(config)
-        drafter.mixture_weight = 1.0
-        return drafter
-
-    monkeypatch.setattr(drafters, "make_drafter", make)
-
-
+# The first draft after a rejection among several candidates comes from the mixture of the p's
+# behind them, in the budget drafter and in the default fixed tree (every pass) alike.
 MIXTURE_CASES = {
-    "budget_48_cfg": (MARKOV_CASES["budget_48_cfg"][0], None),
-    "fixed_tree_cfg": (RejectionConfig(window=8, cfg_scale=2.0), _fixed_tree_with_the_mixture),
+    "budget_48_cfg": MARKOV_CASES["budget_48_cfg"][0],
+    "fixed_tree_cfg": RejectionConfig(window=8, cfg_scale=2.0),
 }
 
 
-def test_the_fixed_tree_with_the_mixture_matches_the_markov_marginals(monkeypatch):
-    config, switch_on = MIXTURE_CASES["fixed_tree_cfg"]
-    switch_on(monkeypatch)
-    p_value, worst, _ = _markov_check(config, 1500)
+def test_the_fixed_tree_with_the_mixture_matches_the_markov_marginals():
+    assert drafters.make_drafter(MIXTURE_CASES["fixed_tree_cfg"]).mixture_weight > 0
+    p_value, worst, _ = _markov_check(MIXTURE_CASES["fixed_tree_cfg"], 1500)
     assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
 
 
@@ -365,9 +354,7 @@ def test_planted_first_draft_from_the_mixture_verified_as_the_old_q_is_caught(mo
     # rejected candidate, but verified as a draw from the p behind the rejected draft alone.
     # 1500 samples, budget: p = 2e-12 and 3e-8 at seeds 10**6+ and 2 x 10**6+ (unplanted: 0.10
     # and 0.43); fixed tree: 8e-16 and 4e-15 (unplanted: 0.40 and 0.27)
-    config, switch_on = MIXTURE_CASES[name]
-    if switch_on is not None:
-        switch_on(monkeypatch)
+    config = MIXTURE_CASES[name]
     original = drafters.Drafter.behind_the_change
     calls = []
 

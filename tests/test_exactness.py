@@ -263,21 +263,21 @@ MARKOV_CASES = {
     # The shipped tree at a low temperature: a first level (6) wider than K = 4, then a second
     # level; the redraw's new mode often sits past the proposal's K most likely tokens.
     "defaults_first_level_wider_than_K_T0.33": MarkovCase(
-        RejectionConfig(method="sjd_pac", window=8, temperature=0.33), 600,
-        controls=(("first_level_drawn_k_wide", 600),),
+        RejectionConfig(method="sjd_pac", window=8, temperature=0.33), 750,
+        controls=(("first_level_drawn_k_wide", 950),),
     ),
     # Chain siblings on the grandparent chain, where the chain's drafts are rejected: W = 2 (one
     # candidate beside every chain draft), and W = 3 behind a first level of 2 (the level's row
     # padded to the chain's width).
     "chain_siblings_W2_grandparent_T0.33": MarkovCase(
         RejectionConfig(method="sjd_pac", window=8, tree_depth=2, tree_first_width=2, tree_chain_width=2,
-                        temperature=0.33), 600, model="grandparent",
-        controls=(("chain_sibling_repeats_draft", 350),), guards=("chain_siblings_uniform",),
+                        temperature=0.33), 750, model="grandparent",
+        controls=(("chain_sibling_repeats_draft", 1200),), guards=("chain_siblings_uniform",),
     ),
     "chain_siblings_W3_grandparent_T0.33": MarkovCase(
         RejectionConfig(method="sjd_pac", window=8, tree_depth=2, tree_first_width=2, tree_chain_width=3,
                         temperature=0.33), 600, model="grandparent",
-        controls=(("chain_siblings_uniform", 350),), guards=("chain_sibling_repeats_draft",),
+        controls=(("chain_siblings_uniform", 600),), guards=("chain_sibling_repeats_draft",),
     ),
 }
 MARKOV_CONTROLS = [(case, fault) for case, spec in MARKOV_CASES.items() for fault, _ in spec.controls]

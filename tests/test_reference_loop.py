@@ -127,13 +127,13 @@ def reference_tokens(model, config: sp.SamplerConfig, seed: int) -> torch.Tensor
 _REFERENCE: Dict[tuple, torch.Tensor] = {}
 
 
-def expected_tokens(models: LoadedModels, family: str, cfg_scale: float) -> torch.Tensor:
-    """The naive loop's tokens for the AR config at SEED, computed once per loading option,
-    family and scale."""
-    key = (models.option, family, cfg_scale)
+def expected_tokens(models: LoadedModels, family: str, cfg_scale: float, seed: int = SEED) -> torch.Tensor:
+    """The naive loop's tokens for the AR config at `seed`, computed once per loading option,
+    family, scale and seed."""
+    key = (models.option, family, cfg_scale, seed)
     if key not in _REFERENCE:
         model = models[family]
-        _REFERENCE[key] = reference_tokens(model, config_for(model, "ar", cfg_scale), SEED)
+        _REFERENCE[key] = reference_tokens(model, config_for(model, "ar", cfg_scale), seed)
     return _REFERENCE[key]
 
 
@@ -188,6 +188,12 @@ PLANTED = [
     ("demo", "deep_positions", 1.0, "L16_defaults_tree"),
     ("demo", "deep_positions", 1.0, "L64_K3"),
 ]
+# The seeds a control runs until its fault changes a token. One position off past depth 8 moves
+# the demo's logits little: it flips one of the first 80 tokens in about one run in three, so
+# whether SEED's run shows it depends on which passes happen to accept that deep (it stopped
+# showing when the first draft behind a change came from the mixture). Four seeds catch it on
+# both trees; the other faults show at SEED.
+CONTROL_SEEDS = {"deep_positions": (SEED, 0, 1, 2)}
 
 
 @pytest.mark.parametrize("family,fault,cfg_scale,variant", PLANTED,
@@ -196,8 +202,13 @@ def test_planted_position_and_mask_bugs_fail_the_reference(models, family, fault
     model = models[family]
     method, fields = ("ar", {}) if variant is None else ("sjd_pac", PAC_VARIANTS[variant])
     config = config_for(model, method, cfg_scale, **fields)
-    expected = expected_tokens(models, family, cfg_scale)
-    with planted_fault(fault) as calls:
-        faulty = sampler_tokens(model, config, SEED)
-    assert calls.count > 0, f"the seam of {fault} never ran; re-target it in exactness_tools.FAULTS"
-    assert not torch.equal(faulty, expected), f"{family}: planted bug {fault} matched the reference"
+    differs = False
+    for seed in CONTROL_SEEDS.get(fault, (SEED,)):
+        expected = expected_tokens(models, family, cfg_scale, seed)
+        with planted_fault(fault) as calls:
+            faulty = sampler_tokens(model, config, seed)
+        assert calls.count > 0, f"the seam of {fault} never ran; re-target it in exactness_tools.FAULTS"
+        differs = not torch.equal(faulty, expected)
+        if differs:
+            break
+    assert differs, f"{family}: planted bug {fault} matched the reference at every seed"

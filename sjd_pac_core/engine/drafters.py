@@ -27,6 +27,7 @@ import torch
 from ..config import SamplerConfig, TreeLevels
 from ..sampling.drafting import initial_proposals, rejected_mixture
 from ..sampling.recipe import SamplingRecipe
+from ..sampling.rules import NodeChildren
 from ..sampling.tree import TreeShape, level_tree_shape, one_deviation_leaves, tree_layout
 from ..transfer import to_device
 from .budget import (MAX_SLOTS, AcceptanceTable, DecayedMean, best_tree, chain_floor, fastest_budget, path_class,
@@ -58,6 +59,7 @@ class PassReport:
     target: int  # window size the window policy wants for the next pass
     draft: Draft  # what this pass verified
     node_tokens: torch.Tensor  # long [S] on the device: each node's token (the draft laid out as the tree)
+    children: NodeChildren  # device: every node's children by slot, their tokens and validity
     outcome: PassOutcome  # host: accepted path, final token, rejected or not
     decisions: Decisions  # host copies of the pass's decisions
     verdict: Verdict  # device: every node's decision, draw and p
@@ -128,7 +130,9 @@ class Drafter(ABC):
             return window, False
         p = report.verdict.p
         index = to_device(rejected, p.device)
-        mass = p[end].gather(0, report.node_tokens.index_select(0, index))
+        # padding slots (q had fewer tokens than the level's width) were never verified: no weight
+        children = report.children
+        mass = p[end].gather(0, children.tokens[end, : len(rejected)]) * children.valid[end, : len(rejected)]
         q = rejected_mixture(p.index_select(0, index), mass, weight).unsqueeze(0).to(window.q.dtype)
         start = report.num_committed
         first = ctx.rule.draw(q, ctx.positions[start : start + 1])
@@ -209,7 +213,7 @@ class SJDDrafter(Drafter):
         return Draft(window, self.next_tree(ctx, report, window), kept)
 
 
-MIXTURE_WEIGHT = 1.0  # the budget drafter's first draft after a rejection among several candidates
+MIXTURE_WEIGHT = 1.0  # the first draft after a rejection among several candidates: all mixture
 
 
 class PACDrafter(SJDDrafter):
@@ -220,14 +224,13 @@ class PACDrafter(SJDDrafter):
     ends the pass, chain siblings beside the chain's drafts); `max_window`, the longest window a
     pass may carry, sizes the envelope when the tree has chain siblings.
 
-    With `mixture_weight` > 0, after a rejection among several candidates (a tree level) the
-    first draft is drawn from the mixture of the p's the pass computed behind all of them
-    (`Drafter.behind_the_change`): right behind a changed token it wins more often than the
-    draft carried on behind one of them. The budget drafter uses it (MIXTURE_WEIGHT); the fixed
-    trees keep it off until their timed results are measured with it."""
+    With `mixture_weight` > 0 (the default, MIXTURE_WEIGHT), after a rejection among several
+    candidates (a tree level) the first draft is drawn from the mixture of the p's the pass
+    computed behind all of them (`Drafter.behind_the_change`): right behind a changed token it
+    wins more often than the draft carried on behind one of them. 0 gives the paper's PAC."""
 
     def __init__(self, continuation: bool, proactive: bool, tree: TreeLevels, max_window: int = 0,
-                 mixture_weight: float = 0.0) -> None:
+                 mixture_weight: float = MIXTURE_WEIGHT) -> None:
         self.continuation = continuation
         self.proactive = proactive and bool(tree.widths)
         self.tree = tree if self.proactive else TreeLevels()
@@ -291,7 +294,7 @@ class BudgetDrafter(PACDrafter):
     the candidates at a position are one draw without replacement from its q (the rule's), so
     any shape verifies exactly, and the shape depends only on passes already verified. After a
     rejection among several candidates, the first draft comes from the mixture of the p's behind
-    all of them (`mixture_weight`, as in PACDrafter; on by default here).
+    all of them (`mixture_weight`, as in PACDrafter).
 
     With `side_rows`, the nodes behind a side candidate at the window's first position draw
     their children from proposals of their own, the p's the last pass computed behind that

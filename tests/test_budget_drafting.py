@@ -334,32 +334,59 @@ def test_planted_outcome_budget_is_caught_on_the_markov_chain(monkeypatch):
     assert p_value < P_VALUE_PLANTED_MAX, f"p = {p_value:.2e} at {worst}"
 
 
-# The first draft after a rejection among several candidates comes from the mixture of the p's
-# behind them, in the budget drafter and in the default fixed tree (every pass) alike.
+# The first draft after a rejection among several candidates comes from a blend of the p behind
+# the rejected draft and the mixture of the p's behind them all, in the budget drafter and in the
+# default fixed tree (every pass) alike; the blend's weight is the run's choice by default.
 MIXTURE_CASES = {
     "budget_48_cfg": MARKOV_CASES["budget_48_cfg"][0],
     "fixed_tree_cfg": RejectionConfig(window=8, cfg_scale=2.0),
 }
 
 
-def test_the_fixed_tree_with_the_mixture_matches_the_markov_marginals():
-    assert drafters.make_drafter(MIXTURE_CASES["fixed_tree_cfg"]).mixture_weight > 0
+def _mixture_weight(monkeypatch, weight):
+    """Every drafter made gets FirstDraftMixture(weight); returns the weights its redraws used."""
+    original = drafters.make_drafter
+    used = []
+
+    class Recording(drafters.FirstDraftMixture):
+        def weight(self, device):
+            value = super().weight(device)
+            used.append(float(value))
+            return value
+
+    def make(config):
+        drafter = original(config)
+        drafter.mixture = Recording(weight)
+        return drafter
+
+    monkeypatch.setattr(drafters, "make_drafter", make)
+    return used
+
+
+@pytest.mark.parametrize("weight", [None, 1.0], ids=["chosen_by_the_run", "all_mixture"])
+def test_the_fixed_tree_with_the_mixture_matches_the_markov_marginals(monkeypatch, weight):
+    assert not drafters.make_drafter(MIXTURE_CASES["fixed_tree_cfg"]).mixture.off  # on by default
+    used = _mixture_weight(monkeypatch, weight)
     p_value, worst, _ = _markov_check(MIXTURE_CASES["fixed_tree_cfg"], 1500)
     assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
+    if weight is None:  # the run's choice moved: weights chosen from past passes keep the law
+        assert len(set(used)) >= 2, set(used)
 
 
 @pytest.mark.parametrize("name", list(MIXTURE_CASES))
 def test_planted_first_draft_from_the_mixture_verified_as_the_old_q_is_caught(monkeypatch, name):
     # The first draft behind a changed token drawn from the mixture of the p's behind every
-    # rejected candidate, but verified as a draw from the p behind the rejected draft alone.
-    # 1500 samples, budget: p = 2e-12 and 3e-8 at seeds 10**6+ and 2 x 10**6+ (unplanted: 0.10
-    # and 0.43); fixed tree: 8e-16 and 4e-15 (unplanted: 0.40 and 0.27)
+    # rejected candidate (weight 1, where the fault acts), but verified as a draw from the p
+    # behind the rejected draft alone. 1500 samples, budget: p = 2e-12 and 3e-8 at seeds 10**6+
+    # and 2 x 10**6+ (unplanted: 0.10 and 0.43); fixed tree: 8e-16 and 4e-15 (unplanted: 0.40
+    # and 0.27)
     config = MIXTURE_CASES[name]
+    _mixture_weight(monkeypatch, 1.0)
     original = drafters.Drafter.behind_the_change
     calls = []
 
-    def faulty(ctx, report, window, weight):
-        redrawn, changed = original(ctx, report, window, weight)
+    def faulty(ctx, report, window, mixture):
+        redrawn, changed = original(ctx, report, window, mixture)
         if not changed:
             return redrawn, changed
         calls.append(1)

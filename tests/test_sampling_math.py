@@ -319,3 +319,14 @@ def test_rejected_mixture_averages_the_p_behind_each_rejected_candidate_by_its_m
     assert torch.equal(rejected_mixture(behind, mass, 0.0), behind[0])
     # no candidate had mass (cut by top-k): the p behind the rejected draft alone
     assert torch.equal(rejected_mixture(behind, torch.zeros(3), 1.0), behind[0])
+
+
+def test_blend_acceptance_is_one_minus_the_total_variation_of_each_blend():
+    from sjd_pac_core.sampling.drafting import blend_acceptance
+
+    row0, mixture = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 0.5, 0.5])
+    p = torch.tensor([0.0, 1.0, 0.0])
+    # q_0 = row0 misses p entirely; q_.5 = [.5, .25, .25] shares .25 with it; q_1 = mixture .5
+    accept = blend_acceptance(row0, mixture, p, torch.tensor([0.0, 0.5, 1.0]))
+    assert torch.allclose(accept, torch.tensor([0.0, 0.25, 0.5]))
+    assert torch.allclose(blend_acceptance(p, mixture, p, torch.tensor([0.0])), torch.tensor([1.0]))

@@ -33,6 +33,7 @@ from ..transfer import to_device
 from .budget import (MAX_SLOTS, AcceptanceTable, DecayedMean, best_tree, chain_floor, fastest_budget, path_class,
                      position_classes)
 from .draft import Draft, DraftWindow, TreeDraft
+from .mixture import FirstDraftMixture
 from .side_rows import PastNodes, side_proposals
 from .verdict import Decisions, PassOutcome, StaleRows, Verdict
 
@@ -117,12 +118,13 @@ class Drafter(ABC):
 
     @staticmethod
     def behind_the_change(ctx: DraftContext, report: PassReport, window: DraftWindow,
-                          weight: float) -> Tuple[DraftWindow, bool]:
+                          mixture: FirstDraftMixture) -> Tuple[DraftWindow, bool]:
         """The window with its first draft redrawn from `sampling.drafting.rejected_mixture`
-        where the pass ended on a rejection among several candidates (else unchanged), and
-        whether it was: the mixture of the p's behind every rejected candidate."""
+        at `mixture`'s weight where the pass ended on a rejection among several candidates
+        (else unchanged), and whether it was: the mixture of the p's behind every rejected
+        candidate."""
         outcome = report.outcome
-        if not (weight and outcome.rejected and len(window)):
+        if mixture.off or not (outcome.rejected and len(window)):
             return window, False
         end = outcome.path_nodes[-1] if outcome.path_nodes else 0
         rejected = tree_layout(report.draft.shape).children[end]
@@ -133,8 +135,11 @@ class Drafter(ABC):
         # padding slots (q had fewer tokens than the level's width) were never verified: no weight
         children = report.children
         mass = p[end].gather(0, children.tokens[end, : len(rejected)]) * children.valid[end, : len(rejected)]
-        q = rejected_mixture(p.index_select(0, index), mass, weight).unsqueeze(0).to(window.q.dtype)
+        behind = p.index_select(0, index)
+        full = rejected_mixture(behind, mass, 1.0)
+        q = torch.lerp(behind[0], full, mixture.weight(p.device)).unsqueeze(0).to(window.q.dtype)
         start = report.num_committed
+        mixture.drafted(start, behind[0], full)
         first = ctx.rule.draw(q, ctx.positions[start : start + 1])
         return DraftWindow(torch.cat([first, window.tokens[1:]]), torch.cat([q, window.q[1:]])), True
 
@@ -213,9 +218,6 @@ class SJDDrafter(Drafter):
         return Draft(window, self.next_tree(ctx, report, window), kept)
 
 
-MIXTURE_WEIGHT = 1.0  # the first draft after a rejection among several candidates: all mixture
-
-
 class PACDrafter(SJDDrafter):
     """SJD-PAC: Adaptive Continuation keeps every old draft the stale p accepts (else its residual
     redraw), and Proactive Drafting puts a tree on the positions after a rejection. Either can be
@@ -224,22 +226,24 @@ class PACDrafter(SJDDrafter):
     ends the pass, chain siblings beside the chain's drafts); `max_window`, the longest window a
     pass may carry, sizes the envelope when the tree has chain siblings.
 
-    With `mixture_weight` > 0 (the default, MIXTURE_WEIGHT), after a rejection among several
-    candidates (a tree level) the first draft is drawn from the mixture of the p's the pass
-    computed behind all of them (`Drafter.behind_the_change`): right behind a changed token it
-    wins more often than the draft carried on behind one of them. 0 gives the paper's PAC."""
+    After a rejection among several candidates (a tree level), the first draft is drawn from a
+    blend of the p behind the rejected draft and the mixture of the p's the pass computed behind
+    all of them (`Drafter.behind_the_change`): on image models the mixture's draft wins more
+    often right behind a changed token. `mixture_weight`: its weight, 0 for the paper's PAC, or
+    None (the default) for the weight the run's own passes score best (engine/mixture.py)."""
 
     def __init__(self, continuation: bool, proactive: bool, tree: TreeLevels, max_window: int = 0,
-                 mixture_weight: float = MIXTURE_WEIGHT) -> None:
+                 mixture_weight: Optional[float] = None) -> None:
         self.continuation = continuation
         self.proactive = proactive and bool(tree.widths)
         self.tree = tree if self.proactive else TreeLevels()
         self.max_window = max_window
-        self.mixture_weight = mixture_weight
+        self.mixture = FirstDraftMixture(mixture_weight)
 
     def first_after_rejection(self, ctx: DraftContext, report: PassReport, window: DraftWindow,
                               kept: int) -> Tuple[DraftWindow, int]:
-        window, redrawn = self.behind_the_change(ctx, report, window, self.mixture_weight)
+        self.mixture.observe(report.start, report.verdict.p[0])  # node 0's p: the window's first position
+        window, redrawn = self.behind_the_change(ctx, report, window, self.mixture)
         if redrawn and report.stale.nodes:  # the first draft is no longer the one AC kept
             kept -= report.decisions.accepted_child[report.stale.nodes[0]] == 0
         return window, kept
@@ -306,7 +310,7 @@ class BudgetDrafter(PACDrafter):
     """
 
     def __init__(self, continuation: bool, budget: int, max_width: int = MAX_SLOTS, side_rows: bool = False,
-                 mixture_weight: float = MIXTURE_WEIGHT) -> None:
+                 mixture_weight: Optional[float] = None) -> None:
         super().__init__(continuation, proactive=False, tree=TreeLevels(), mixture_weight=mixture_weight)
         self.budget = budget
         self.max_width = max_width

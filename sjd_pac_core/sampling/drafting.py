@@ -59,6 +59,16 @@ def rejected_mixture(p_behind: torch.Tensor, mass: torch.Tensor, weight: float) 
     return (1.0 - weight) * p_behind[0] + weight * mixture
 
 
+def blend_acceptance(row0: torch.Tensor, mixture: torch.Tensor, p: torch.Tensor,
+                     weights: torch.Tensor) -> torch.Tensor:
+    """[W]: the chance a draft from (1 - w) x row0 + w x mixture would be accepted against the
+    target p [V], for each weight w of `weights` [W]: sum_v min(q_w(v), p(v)) = 1 - TV(q_w, p),
+    what the best coupling of a draft with its target achieves (speculative sampling's accept
+    rate)."""
+    q = torch.lerp(row0.unsqueeze(0), mixture.unsqueeze(0), weights.to(row0.dtype).unsqueeze(-1))  # [W, V]
+    return torch.minimum(q, p.to(q.dtype).unsqueeze(0)).sum(-1)
+
+
 def candidate_count(q: torch.Tensor, width: int) -> torch.Tensor:
     """How many PD candidates each row of q [.., V] can give: min(K, support size)."""
     return (q > 0).sum(-1).clamp(max=width)

@@ -314,11 +314,13 @@ def test_rejected_mixture_averages_the_p_behind_each_rejected_candidate_by_its_m
 
     behind = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
     mass = torch.tensor([0.1, 0.3, 0.0])  # the third candidate had no mass under the rejecting p
-    assert torch.allclose(rejected_mixture(behind, mass, 1.0), torch.tensor([0.25, 0.75, 0.0]))
-    assert torch.allclose(rejected_mixture(behind, mass, 0.2), torch.tensor([0.85, 0.15, 0.0]))
-    assert torch.equal(rejected_mixture(behind, mass, 0.0), behind[0])
+    mixture = rejected_mixture(behind, mass)
+    assert torch.allclose(mixture, torch.tensor([0.25, 0.75, 0.0]))
+    # the drafter's blend with row 0 (behind_the_change, blend_acceptance): torch.lerp
+    assert torch.allclose(torch.lerp(behind[0], mixture, 0.2), torch.tensor([0.85, 0.15, 0.0]))
+    assert torch.equal(torch.lerp(behind[0], mixture, 0.0), behind[0])
     # no candidate had mass (cut by top-k): the p behind the rejected draft alone
-    assert torch.equal(rejected_mixture(behind, torch.zeros(3), 1.0), behind[0])
+    assert torch.equal(rejected_mixture(behind, torch.zeros(3)), behind[0])
 
 
 def test_blend_acceptance_is_one_minus_the_total_variation_of_each_blend():

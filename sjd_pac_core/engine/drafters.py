@@ -119,8 +119,8 @@ class Drafter(ABC):
     @staticmethod
     def behind_the_change(ctx: DraftContext, report: PassReport, window: DraftWindow,
                           mixture: FirstDraftMixture) -> Tuple[DraftWindow, bool]:
-        """The window with its first draft redrawn from `sampling.drafting.rejected_mixture`
-        at `mixture`'s weight where the pass ended on a rejection among several candidates
+        """The window with its first draft redrawn from row 0 blended with
+        `sampling.drafting.rejected_mixture` at `mixture`'s weight where the pass ended on a rejection among several candidates
         (else unchanged), and whether it was: the mixture of the p's behind every rejected
         candidate."""
         outcome = report.outcome
@@ -136,7 +136,7 @@ class Drafter(ABC):
         children = report.children
         mass = p[end].gather(0, children.tokens[end, : len(rejected)]) * children.valid[end, : len(rejected)]
         behind = p.index_select(0, index)
-        full = rejected_mixture(behind, mass, 1.0)
+        full = rejected_mixture(behind, mass)
         q = torch.lerp(behind[0], full, mixture.weight(p.device)).unsqueeze(0).to(window.q.dtype)
         start = report.num_committed
         mixture.drafted(start, behind[0], full)

@@ -321,8 +321,8 @@ class _Decoder:
             self.rule.prepare(state.num_committed)
             carried = continuation(layout, decisions, outcome, last_depth)
             report = PassReport(start=n, num_committed=state.num_committed, target=target, draft=plan.draft,
-                                node_tokens=plan.tokens[: layout.num_nodes], children=plan.children, outcome=outcome, decisions=decisions,
-                                verdict=verdict,
+                                node_tokens=plan.tokens[: layout.num_nodes], children=plan.children,
+                                outcome=outcome, decisions=decisions, verdict=verdict,
                                 proposal_logits=logits[:, carried.proposal],
                                 stale=StaleRows.gather(verdict, decisions, carried.nodes, self.device),
                                 tree_widths=self.window_policy.next_tree())

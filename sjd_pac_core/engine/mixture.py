@@ -34,6 +34,7 @@ class FirstDraftMixture:
     def __init__(self, fixed: Optional[float] = None) -> None:
         self.fixed = fixed
         self.score: Optional[torch.Tensor] = None  # [W] decayed acceptance per weight, on the device
+        self.grid: Optional[torch.Tensor] = None  # WEIGHTS on the device, copied there once per run
         # the last redrawn first draft: its image position, the p behind the rejected draft, the mixture
         self.pending: Optional[Tuple[int, torch.Tensor, torch.Tensor]] = None
 
@@ -45,8 +46,13 @@ class FirstDraftMixture:
         """The weight for the next redraw (a 0-d device tensor when chosen by the run)."""
         if self.fixed is not None:
             return self.fixed
-        weights = torch.tensor(self.WEIGHTS, device=device)
+        weights = self.weights(device)
         return weights[0] if self.score is None else weights[torch.argmax(self.score)]
+
+    def weights(self, device: torch.device) -> torch.Tensor:
+        if self.grid is None or self.grid.device != device:
+            self.grid = torch.tensor(self.WEIGHTS, device=device)
+        return self.grid
 
     def drafted(self, position: int, row0: torch.Tensor, mixture: torch.Tensor) -> None:
         """A first draft at image `position` was redrawn from a blend of `row0` and `mixture` [V]."""
@@ -60,5 +66,5 @@ class FirstDraftMixture:
         if pending is None or pending[0] != start:
             return
         _, row0, mixture = pending
-        accept = blend_acceptance(row0, mixture, root_p, torch.tensor(self.WEIGHTS, device=row0.device))
+        accept = blend_acceptance(row0, mixture, root_p, self.weights(row0.device))
         self.score = accept if self.score is None else self.DECAY * self.score + accept

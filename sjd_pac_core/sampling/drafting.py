@@ -42,7 +42,7 @@ def adaptive_continuation(
     return torch.where(accepted, drafts, replacements)
 
 
-def rejected_mixture(p_behind: torch.Tensor, mass: torch.Tensor, weight: float) -> torch.Tensor:
+def rejected_mixture(p_behind: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
     """q [V] for the position right after a rejection among several candidates.
 
     p_behind: [k, V] the p's the pass computed behind each rejected candidate (row 0 behind the
@@ -50,13 +50,12 @@ def rejected_mixture(p_behind: torch.Tensor, mass: torch.Tensor, weight: float) 
     probability under the p that rejected them. The token committed there is none of them, so
     every p_behind saw a wrong token; their average in proportion to that p is the next
     position's law with the unplaced token averaged out (on the demo, its top draft holds the
-    verified token 32% of the time against 26% for row 0). Returns (1 - weight) x row 0 + weight
-    x that mixture: all of it computed before the pass that verifies the draft, so exact.
+    verified token 32% of the time against 26% for row 0). All of it computed before the pass
+    that verifies the draft, so exact; the drafter blends it with row 0 (engine/mixture.py).
     """
     total = mass.sum()
     mixture = (mass.unsqueeze(-1) * p_behind).sum(0) / total.clamp(min=1e-30)
-    mixture = torch.where(total > 0, mixture, p_behind[0])  # none had mass (cut by top-k): row 0 alone
-    return (1.0 - weight) * p_behind[0] + weight * mixture
+    return torch.where(total > 0, mixture, p_behind[0])  # none had mass (cut by top-k): row 0 alone
 
 
 def blend_acceptance(row0: torch.Tensor, mixture: torch.Tensor, p: torch.Tensor,

@@ -15,9 +15,12 @@ the budget drafter (`SamplerConfig(node_budget=B)`, main chain at most L = 64):
                the first position's draft is drawn from (1 - w) x the p behind the rejected
                draft + w x the mixture of the p's behind every rejected candidate, each weighted
                by its probability under the p that rejected it (sampling/drafting.py,
-               `rejected_mixture`).
+               `rejected_mixture`);
+* run's choice: the mixture's weight and that of the run's neighbour law
+               (engine/neighbour_laws.py) chosen by the run (the default).
 
-The other variants have no mixture (w = 0). Reports step compression (image tokens per forward pass, a count: valid on a loaded machine),
+The other variants have no mixture and no law (w = 0). Reports step compression (image tokens per
+forward pass, a count: valid on a loaded machine),
 the share of passes with a side win at the first position, how many of those candidates had
 children of their own, and how often the first own child won (docs/benchmark.md, "Drafting
 within a node budget").
@@ -67,10 +70,11 @@ class CountingDrafter(drafters.BudgetDrafter):
 
 
 VARIANTS: Dict[str, dict] = {  # BudgetDrafter's arguments
-    "budget drafter": dict(mixture_weight=0.0),
-    "own rows behind side candidates": dict(side_rows=True, mixture_weight=0.0),
-    "first draft: mixture w = 0.2": dict(mixture_weight=0.2),
-    "first draft: mixture w = 1": dict(mixture_weight=1.0),
+    "budget drafter": dict(mixture_weight=0.0, law_weight=0.0),
+    "own rows behind side candidates": dict(side_rows=True, mixture_weight=0.0, law_weight=0.0),
+    "first draft: mixture w = 0.2": dict(mixture_weight=0.2, law_weight=0.0),
+    "first draft: mixture w = 1": dict(mixture_weight=1.0, law_weight=0.0),
+    "first draft: the run's choice (mixture and neighbour law)": dict(),
 }
 
 

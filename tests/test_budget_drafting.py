@@ -40,7 +40,7 @@ from sjd_pac_core.config import TreeLevels
 from sjd_pac_core.engine import budget as bd
 from sjd_pac_core.engine import drafters
 from sjd_pac_core.sampling import rules
-from sjd_pac_core.sampling.recipe import SamplingRecipe, process
+from sjd_pac_core.sampling.recipe import SamplingRecipe, TokenConstraints, process
 from sjd_pac_core.sampling.tree import TreeShape
 
 P_VALUE_MIN = 1e-3
@@ -334,54 +334,82 @@ def test_planted_outcome_budget_is_caught_on_the_markov_chain(monkeypatch):
     assert p_value < P_VALUE_PLANTED_MAX, f"p = {p_value:.2e} at {worst}"
 
 
-# The first draft after a rejection among several candidates comes from a blend of the p behind
-# the rejected draft and the mixture of the p's behind them all, in the budget drafter and in the
-# default fixed tree (every pass) alike; the blend's weight is the run's choice by default.
+# The first draft after a rejection comes from a blend of the p behind the rejected draft, the
+# mixture of the p's behind every rejected candidate, and the run's neighbour law (engine/mixture.py),
+# in the budget drafter and in the default fixed tree (every pass) alike; the weights are the run's
+# choice by default.
 MIXTURE_CASES = {
     "budget_48_cfg": MARKOV_CASES["budget_48_cfg"][0],
     "fixed_tree_cfg": RejectionConfig(window=8, cfg_scale=2.0),
 }
 
 
-def _mixture_weight(monkeypatch, weight):
-    """Every drafter made gets FirstDraftMixture(weight); returns the weights its redraws used."""
+def _first_draft_weights(monkeypatch, mixture, law):
+    """Every drafter made gets FirstDraftMixture(mixture, law); returns the (mixture, law) weight
+    pairs its redraws used."""
     original = drafters.make_drafter
     used = []
 
     class Recording(drafters.FirstDraftMixture):
         def weight(self, device):
             value = super().weight(device)
-            used.append(float(value))
+            used.append(tuple(float(w) for w in value))
             return value
 
     def make(config):
         drafter = original(config)
-        drafter.mixture = Recording(weight)
+        drafter.mixture = Recording(mixture, law)
         return drafter
 
     monkeypatch.setattr(drafters, "make_drafter", make)
     return used
 
 
-@pytest.mark.parametrize("weight", [None, 1.0], ids=["chosen_by_the_run", "all_mixture"])
-def test_the_fixed_tree_with_the_mixture_matches_the_markov_marginals(monkeypatch, weight):
+def _grid_check(config, samples, seed0=0):
+    """_markov_check with the positions laid out as a grid of rows of 3 (the law below the token
+    above joins the one behind the token to the left)."""
+    chain = MarkovChain.shifted(MV, MN, RAMP, seed=0)
+    uncond = MarkovChain.shifted(MV, MN, RAMP, seed=1)
+    grid = TokenConstraints(MV, MN, row_length=3)
+    p0, trans = chain.processed(config, uncond=uncond, constraints=grid)
+    tokens = draw_sequences(MarkovModel({(0,): chain, (1,): uncond}), torch.tensor([0]), MN, config, samples,
+                            seed0=seed0, uncond=torch.tensor([1]), allowed=grid)
+    return pair_laws_pvalue(tokens, markov_pair_laws(p0, trans))
+
+
+FIRST_DRAFT_WEIGHTS = {"chosen_by_the_run": (None, None), "all_mixture": (1.0, 0.0), "all_law": (0.0, 1.0)}
+
+
+@pytest.mark.parametrize("weights", list(FIRST_DRAFT_WEIGHTS))
+def test_the_fixed_tree_with_the_first_draft_blend_matches_the_markov_marginals(monkeypatch, weights):
     assert not drafters.make_drafter(MIXTURE_CASES["fixed_tree_cfg"]).mixture.off  # on by default
-    used = _mixture_weight(monkeypatch, weight)
-    p_value, worst, _ = _markov_check(MIXTURE_CASES["fixed_tree_cfg"], 1500)
+    used = _first_draft_weights(monkeypatch, *FIRST_DRAFT_WEIGHTS[weights])
+    p_value, worst = _grid_check(MIXTURE_CASES["fixed_tree_cfg"], 1500)
     assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
-    if weight is None:  # the run's choice moved: weights chosen from past passes keep the law
-        assert len(set(used)) >= 2, set(used)
+    if weights == "chosen_by_the_run":  # the run's choice moved: weights chosen from past passes keep the law
+        assert len(set(used)) >= 2 and any(law > 0 for _, law in used), set(used)
 
 
-@pytest.mark.parametrize("name", list(MIXTURE_CASES))
-def test_planted_first_draft_from_the_mixture_verified_as_the_old_q_is_caught(monkeypatch, name):
+# (case, weights, samples): the law's fault is milder (the draws it makes are closer to the old q),
+# so it takes more samples. All mixture, 1500 samples: budget p = 2e-12 and 3e-8 at seeds 10**6+
+# and 2 x 10**6+ (unplanted: 0.10 and 0.43), fixed tree 8e-16 and 4e-15 (unplanted: 0.40 and
+# 0.27). All law, fixed tree: 1500 samples p = 2e-3 and 4000 3e-5 (both missed), 6000 2e-6, 10000
+# 3e-14 and 4e-19 at seeds 10**6+ and 2 x 10**6+ (unplanted, 6000: 0.28).
+PLANTED_FIRST_DRAFT = {
+    "budget_48_cfg-all_mixture": ("budget_48_cfg", "all_mixture", 1500),
+    "fixed_tree_cfg-all_mixture": ("fixed_tree_cfg", "all_mixture", 1500),
+    "fixed_tree_cfg-all_law": ("fixed_tree_cfg", "all_law", 10000),
+}
+
+
+@pytest.mark.parametrize("case", list(PLANTED_FIRST_DRAFT))
+def test_planted_first_draft_from_the_blend_verified_as_the_old_q_is_caught(monkeypatch, case):
     # The first draft behind a changed token drawn from the mixture of the p's behind every
-    # rejected candidate (weight 1, where the fault acts), but verified as a draw from the p
-    # behind the rejected draft alone. 1500 samples, budget: p = 2e-12 and 3e-8 at seeds 10**6+
-    # and 2 x 10**6+ (unplanted: 0.10 and 0.43); fixed tree: 8e-16 and 4e-15 (unplanted: 0.40
-    # and 0.27)
+    # rejected candidate, or from the neighbour law (weight 1, where the fault acts), but verified
+    # as a draw from the p behind the rejected draft alone.
+    name, weights, samples = PLANTED_FIRST_DRAFT[case]
     config = MIXTURE_CASES[name]
-    _mixture_weight(monkeypatch, 1.0)
+    _first_draft_weights(monkeypatch, *FIRST_DRAFT_WEIGHTS[weights])
     original = drafters.Drafter.behind_the_change
     calls = []
 
@@ -393,7 +421,7 @@ def test_planted_first_draft_from_the_mixture_verified_as_the_old_q_is_caught(mo
         return drafters.DraftWindow(redrawn.tokens, torch.cat([window.q[:1], redrawn.q[1:]])), changed
 
     monkeypatch.setattr(drafters.Drafter, "behind_the_change", staticmethod(faulty))
-    p_value, worst, _ = _markov_check(config, 1500, seed0=10**6)
+    p_value, worst, _ = _markov_check(config, samples, seed0=10**6)
     assert calls
     assert p_value < P_VALUE_PLANTED_MAX, f"p = {p_value:.2e} at {worst}"
 

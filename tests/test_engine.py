@@ -244,17 +244,21 @@ def test_compiled_shipped_tree_keeps_the_ar_tokens_and_sees_a_position_fault(lm,
     adapter = CausalLMAdapter(lm)
     common = dict(method="sjd_pac", window=32, tree_chain_width=2, cfg_scale=2.0, top_k=40)
 
-    def tokens(**fields):
+    def tokens(seed=2, **fields):
         config = sp.SamplerConfig(**{**common, **fields})
-        return sp.sample_tokens(adapter, PROMPT, 80, config=config, seed=2, uncond_prompt_ids=UNCOND).tokens
+        return sp.sample_tokens(adapter, PROMPT, 80, config=config, seed=seed, uncond_prompt_ids=UNCOND).tokens
 
     ar = tokens(method="ar", verify="gumbel")
     assert torch.equal(tokens(verify="gumbel", compile=True), ar)
     assert torch.equal(tokens(verify="rejection", compile=True), tokens(verify="rejection"))
+    differs = False
     with planted_fault("deep_positions") as calls:
-        faulty = tokens(verify="gumbel", compile=True)
+        for seed in (2, 3, 4, 5):  # a seed whose passes reach past depth 8 often enough to show it
+            differs = not torch.equal(tokens(seed, verify="gumbel", compile=True), tokens(seed, method="ar", verify="gumbel"))
+            if differs:
+                break
     torch._dynamo.reset()
-    assert calls.count > 0 and not torch.equal(faulty, ar)
+    assert calls.count > 0 and differs
 
 
 @pytest.mark.slow

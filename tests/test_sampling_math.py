@@ -326,9 +326,13 @@ def test_rejected_mixture_averages_the_p_behind_each_rejected_candidate_by_its_m
 def test_blend_acceptance_is_one_minus_the_total_variation_of_each_blend():
     from sjd_pac_core.sampling.drafting import blend_acceptance
 
-    row0, mixture = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 0.5, 0.5])
+    row0, mixture, law = torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, 0.5, 0.5]), torch.tensor([0.0, 1.0, 0.0])
     p = torch.tensor([0.0, 1.0, 0.0])
+    no_law = torch.tensor([0.0])
     # q_0 = row0 misses p entirely; q_.5 = [.5, .25, .25] shares .25 with it; q_1 = mixture .5
-    accept = blend_acceptance(row0, mixture, p, torch.tensor([0.0, 0.5, 1.0]))
-    assert torch.allclose(accept, torch.tensor([0.0, 0.25, 0.5]))
-    assert torch.allclose(blend_acceptance(p, mixture, p, torch.tensor([0.0])), torch.tensor([1.0]))
+    accept = blend_acceptance(row0, mixture, law, p, torch.tensor([0.0, 0.5, 1.0]), no_law)
+    assert torch.allclose(accept, torch.tensor([[0.0], [0.25], [0.5]]))
+    assert torch.allclose(blend_acceptance(p, mixture, law, p, torch.tensor([0.0]), no_law), torch.tensor([[1.0]]))
+    # the law blended over the mixture blend: lerp(lerp(row0, mixture, wm), law, wl)
+    both = blend_acceptance(row0, mixture, law, p, torch.tensor([0.0, 1.0]), torch.tensor([0.0, 0.5, 1.0]))
+    assert torch.allclose(both, torch.tensor([[0.0, 0.5, 1.0], [0.5, 0.75, 1.0]]))

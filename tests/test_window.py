@@ -9,6 +9,7 @@ import torch
 
 import sjd_pac_core as sp
 from exactness_tools import MarkovChain, MarkovModel, planted_fault, seed_exact_lm
+from sjd_pac_core.engine import drafters
 from sjd_pac_core.engine.window import AutoWindow, CostCurve
 
 # A GPU-like cost: passes of up to ~64 nodes cost about as much as one token, then linear.
@@ -143,12 +144,21 @@ def test_sample_tokens_uses_long_windows_where_drafts_are_accepted():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 5])
-def test_sample_tokens_uses_a_window_of_one_where_drafts_are_rejected(seed):
+def test_sample_tokens_uses_a_window_of_one_where_drafts_are_rejected(seed, monkeypatch):
     # The drafts a pass already carries (Adaptive Continuation) stay in the window, so after the
     # policy drops to L = 1 the window drains by one per pass instead of at once. With seeds 1 and
     # 5 the first pass is not rejected (its few drafts happen to be right), the policy grows the
     # window to 48-96, and the drain takes as many passes; what must hold for every seed: at most
-    # one pass per carried draft to drain, and once drained the window stays at 1-2.
+    # one pass per carried draft to drain, and once drained the window stays at 1-2. The run's
+    # neighbour law would learn this chain's one rule and make the first draft right: left out.
+    original = drafters.make_drafter
+
+    def without_the_law(config):
+        drafter = original(config)
+        drafter.mixture = drafters.FirstDraftMixture(None, 0.0)
+        return drafter
+
+    monkeypatch.setattr(drafters, "make_drafter", without_the_law)
     windows = sampled_windows(_never_right_chain(120), seed)
     drained = next((i for i, w in enumerate(windows) if w <= 2), None)
     assert drained is not None and drained <= max(windows[: drained + 1]), windows

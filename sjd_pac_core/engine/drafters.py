@@ -49,6 +49,7 @@ class DraftContext:
     init_proposal: str  # "nearest" or "uniform"
     positions: torch.Tensor  # long arange on the device (slice it with host ints; no sync)
     committed: torch.Tensor  # long [N] on the device: the run's tokens, [:start] final when drafting from start
+    row_length: int = 0  # positions per image row (position i - row_length is above i); 0: not a grid
 
 
 @dataclass(frozen=True)
@@ -119,16 +120,16 @@ class Drafter(ABC):
     @staticmethod
     def behind_the_change(ctx: DraftContext, report: PassReport, window: DraftWindow,
                           mixture: FirstDraftMixture) -> Tuple[DraftWindow, bool]:
-        """The window with its first draft redrawn from row 0 blended with
-        `sampling.drafting.rejected_mixture` at `mixture`'s weight where the pass ended on a rejection among several candidates
-        (else unchanged), and whether it was: the mixture of the p's behind every rejected
-        candidate."""
+        """The window with its first draft redrawn where the pass ended on a rejection (else
+        unchanged), and whether it was: drawn from `mixture`'s blend of the p behind the rejected
+        draft (row 0), `sampling.drafting.rejected_mixture` of the p's behind every rejected
+        candidate, and the neighbour law of the new token to its left and the token above."""
         outcome = report.outcome
         if mixture.off or not (outcome.rejected and len(window)):
             return window, False
         end = outcome.path_nodes[-1] if outcome.path_nodes else 0
         rejected = tree_layout(report.draft.shape).children[end]
-        if len(rejected) < 2:
+        if len(rejected) < 2 and mixture.laws is None:  # nothing to blend
             return window, False
         p = report.verdict.p
         index = to_device(rejected, p.device)
@@ -137,10 +138,12 @@ class Drafter(ABC):
         mass = p[end].gather(0, children.tokens[end, : len(rejected)]) * children.valid[end, : len(rejected)]
         behind = p.index_select(0, index)
         full = rejected_mixture(behind, mass)
-        q = torch.lerp(behind[0], full, mixture.weight(p.device)).unsqueeze(0).to(window.q.dtype)
         start = report.num_committed
-        mixture.drafted(start, behind[0], full)
-        first = ctx.rule.draw(q, ctx.positions[start : start + 1])
+        positions = ctx.positions[start : start + 1]
+        law = mixture.law(start, ctx.committed, ctx.constraints.mask(positions)[0], behind[0])
+        q = mixture.blend(behind[0], full, law).unsqueeze(0).to(window.q.dtype)
+        mixture.drafted(start, behind[0], full, law)
+        first = ctx.rule.draw(q, positions)
         return DraftWindow(torch.cat([first, window.tokens[1:]]), torch.cat([q, window.q[1:]])), True
 
     @staticmethod
@@ -229,20 +232,26 @@ class PACDrafter(SJDDrafter):
     After a rejection among several candidates (a tree level), the first draft is drawn from a
     blend of the p behind the rejected draft and the mixture of the p's the pass computed behind
     all of them (`Drafter.behind_the_change`): on image models the mixture's draft wins more
-    often right behind a changed token. `mixture_weight`: its weight, 0 for the paper's PAC, or
-    None (the default) for the weight the run's own passes score best (engine/mixture.py)."""
+    often right behind a changed token, and the run's own law of the token after the new one and
+    below the token above more often still. `mixture_weight`, `law_weight`: their weights (both 0
+    for the paper's PAC), or None (the default) for the weights the run's own passes score best
+    (engine/mixture.py)."""
 
     def __init__(self, continuation: bool, proactive: bool, tree: TreeLevels, max_window: int = 0,
-                 mixture_weight: Optional[float] = None) -> None:
+                 mixture_weight: Optional[float] = None, law_weight: Optional[float] = None) -> None:
         self.continuation = continuation
         self.proactive = proactive and bool(tree.widths)
         self.tree = tree if self.proactive else TreeLevels()
         self.max_window = max_window
-        self.mixture = FirstDraftMixture(mixture_weight)
+        self.mixture = FirstDraftMixture(mixture_weight, law_weight)
 
     def first_after_rejection(self, ctx: DraftContext, report: PassReport, window: DraftWindow,
                               kept: int) -> Tuple[DraftWindow, int]:
-        self.mixture.observe(report.start, report.verdict.p[0])  # node 0's p: the window's first position
+        verdict = report.verdict
+        self.mixture.observe(report.start, verdict.p[0])  # node 0's p: the window's first position
+        nodes = report.node_tokens.shape[0]  # the pass's nodes (a padded pass computes more rows)
+        self.mixture.learn(report.node_tokens, verdict.positions[:nodes], verdict.p[:nodes], ctx.committed,
+                           report.num_committed, ctx.row_length)
         window, redrawn = self.behind_the_change(ctx, report, window, self.mixture)
         if redrawn and report.stale.nodes:  # the first draft is no longer the one AC kept
             kept -= report.decisions.accepted_child[report.stale.nodes[0]] == 0
@@ -298,7 +307,7 @@ class BudgetDrafter(PACDrafter):
     the candidates at a position are one draw without replacement from its q (the rule's), so
     any shape verifies exactly, and the shape depends only on passes already verified. After a
     rejection among several candidates, the first draft comes from the mixture of the p's behind
-    all of them (`mixture_weight`, as in PACDrafter).
+    all of them and the run's neighbour law (`mixture_weight`, `law_weight`, as in PACDrafter).
 
     With `side_rows`, the nodes behind a side candidate at the window's first position draw
     their children from proposals of their own, the p's the last pass computed behind that
@@ -310,8 +319,9 @@ class BudgetDrafter(PACDrafter):
     """
 
     def __init__(self, continuation: bool, budget: int, max_width: int = MAX_SLOTS, side_rows: bool = False,
-                 mixture_weight: Optional[float] = None) -> None:
-        super().__init__(continuation, proactive=False, tree=TreeLevels(), mixture_weight=mixture_weight)
+                 mixture_weight: Optional[float] = None, law_weight: Optional[float] = None) -> None:
+        super().__init__(continuation, proactive=False, tree=TreeLevels(), mixture_weight=mixture_weight,
+                         law_weight=law_weight)
         self.budget = budget
         self.max_width = max_width
         self.side_rows = side_rows

@@ -235,7 +235,7 @@ class _Decoder:
         # The committed tokens, filled pass by pass ([:num_committed] are final): the run's one buffer.
         self.committed = torch.zeros(self.num_tokens, dtype=torch.long, device=self.device)
         self.ctx = DraftContext(self.rule, self.recipe, self.constraints, self.num_tokens,
-                                config.init_proposal, self.positions, self.committed)
+                                config.init_proposal, self.positions, self.committed, constraints.row_length)
         self.timer = ForwardTimer(self.device)
         # An eager auto run chooses its tree too (a compiled one keeps its few pass shapes).
         self.adaptive_tree = (self.auto_window and not config.compile and config.use_pd

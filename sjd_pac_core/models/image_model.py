@@ -63,7 +63,8 @@ class ImageLayout:
         else:
             allowed = torch.zeros(vocab_size, dtype=torch.bool)
             allowed[image_tokens] = True
-        return TokenConstraints(vocab_size, self.num_tokens, allowed=allowed, forced=self.forced_tokens())
+        return TokenConstraints(vocab_size, self.num_tokens, allowed=allowed, forced=self.forced_tokens(),
+                                row_length=self.row_length)
 
     def grid(self, tokens: torch.Tensor) -> torch.Tensor:
         """[..., num_tokens] -> [..., rows, cols]: the image codes without the forced tokens."""

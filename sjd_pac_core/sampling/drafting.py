@@ -58,14 +58,16 @@ def rejected_mixture(p_behind: torch.Tensor, mass: torch.Tensor) -> torch.Tensor
     return torch.where(total > 0, mixture, p_behind[0])  # none had mass (cut by top-k): row 0 alone
 
 
-def blend_acceptance(row0: torch.Tensor, mixture: torch.Tensor, p: torch.Tensor,
-                     weights: torch.Tensor) -> torch.Tensor:
-    """[W]: the chance a draft from (1 - w) x row0 + w x mixture would be accepted against the
-    target p [V], for each weight w of `weights` [W]: sum_v min(q_w(v), p(v)) = 1 - TV(q_w, p),
-    what the best coupling of a draft with its target achieves (speculative sampling's accept
-    rate)."""
-    q = torch.lerp(row0.unsqueeze(0), mixture.unsqueeze(0), weights.to(row0.dtype).unsqueeze(-1))  # [W, V]
-    return torch.minimum(q, p.to(q.dtype).unsqueeze(0)).sum(-1)
+def blend_acceptance(row0: torch.Tensor, mixture: torch.Tensor, law: torch.Tensor, p: torch.Tensor,
+                     mixture_weights: torch.Tensor, law_weights: torch.Tensor) -> torch.Tensor:
+    """[Wm, Wl]: the chance a draft from lerp(lerp(row0, mixture, wm), law, wl) would be accepted
+    against the target p [V], for each pair of `mixture_weights` [Wm] and `law_weights` [Wl]:
+    sum_v min(q(v), p(v)) = 1 - TV(q, p), what the best coupling of a draft with its target
+    achieves (speculative sampling's accept rate)."""
+    dtype = row0.dtype
+    base = torch.lerp(row0.unsqueeze(0), mixture.unsqueeze(0), mixture_weights.to(dtype).unsqueeze(-1))  # [Wm, V]
+    q = torch.lerp(base.unsqueeze(1), law.to(dtype).view(1, 1, -1), law_weights.to(dtype).view(1, -1, 1))  # [Wm, Wl, V]
+    return torch.minimum(q, p.to(dtype).view(1, 1, -1)).sum(-1)
 
 
 def candidate_count(q: torch.Tensor, width: int) -> torch.Tensor:

@@ -29,6 +29,8 @@ class TokenConstraints:
     allowed: bool [V] (the same set at every free position) or bool [N, V] (per position).
     forced:  long [N], the token forced at a position (an end-of-line, say) or -1 where free.
     A forced position's distribution is one-hot, so its draft is always accepted.
+    row_length: positions per image row (its end-of-line included), so that position i - row_length
+    is the one above i; 0 when the positions are not a grid (drafting then uses no token above).
     """
 
     def __init__(
@@ -37,8 +39,10 @@ class TokenConstraints:
         num_tokens: int,
         allowed: Optional[torch.Tensor] = None,
         forced: Optional[torch.Tensor] = None,
+        row_length: int = 0,
     ) -> None:
         self.vocab_size = vocab_size
+        self.row_length = row_length
         self.num_tokens = num_tokens
         if allowed is None:
             allowed = torch.ones(vocab_size, dtype=torch.bool)

@@ -306,12 +306,15 @@ MARKOV_CASES = {
 }
 
 
-def _markov_check(config, samples, seed0=0):
+def _markov_check(config, samples, seed0=0, row_length=0):
+    """With `row_length`, the positions are laid out as a grid of rows that long (the neighbour
+    law below the token above joins the one behind the token to the left)."""
     chains = {(0,): MarkovChain.shifted(MV, MN, RAMP, seed=0), (1,): MarkovChain.shifted(MV, MN, RAMP, seed=1)}
-    p0, trans = chains[(0,)].processed(config, uncond=chains[(1,)])
+    grid = TokenConstraints(MV, MN, row_length=row_length)
+    p0, trans = chains[(0,)].processed(config, uncond=chains[(1,)], constraints=grid)
     passes: list = []
     tokens = draw_sequences(MarkovModel(chains), torch.tensor([0]), MN, config, samples, seed0=seed0,
-                            uncond=torch.tensor([1]), passes=passes)
+                            uncond=torch.tensor([1]), allowed=grid, passes=passes)
     p_value, worst = pair_laws_pvalue(tokens, markov_pair_laws(p0, trans))
     side = sum(any(r.branch) for r in passes) / max(1, len(passes))
     return p_value, worst, side
@@ -365,18 +368,6 @@ def _first_draft_weights(monkeypatch, mixture, law):
     return used
 
 
-def _grid_check(config, samples, seed0=0):
-    """_markov_check with the positions laid out as a grid of rows of 3 (the law below the token
-    above joins the one behind the token to the left)."""
-    chain = MarkovChain.shifted(MV, MN, RAMP, seed=0)
-    uncond = MarkovChain.shifted(MV, MN, RAMP, seed=1)
-    grid = TokenConstraints(MV, MN, row_length=3)
-    p0, trans = chain.processed(config, uncond=uncond, constraints=grid)
-    tokens = draw_sequences(MarkovModel({(0,): chain, (1,): uncond}), torch.tensor([0]), MN, config, samples,
-                            seed0=seed0, uncond=torch.tensor([1]), allowed=grid)
-    return pair_laws_pvalue(tokens, markov_pair_laws(p0, trans))
-
-
 FIRST_DRAFT_WEIGHTS = {"chosen_by_the_run": (None, None), "all_mixture": (1.0, 0.0), "all_law": (0.0, 1.0)}
 
 
@@ -384,7 +375,7 @@ FIRST_DRAFT_WEIGHTS = {"chosen_by_the_run": (None, None), "all_mixture": (1.0, 0
 def test_the_fixed_tree_with_the_first_draft_blend_matches_the_markov_marginals(monkeypatch, weights):
     assert not drafters.make_drafter(MIXTURE_CASES["fixed_tree_cfg"]).mixture.off  # on by default
     used = _first_draft_weights(monkeypatch, *FIRST_DRAFT_WEIGHTS[weights])
-    p_value, worst = _grid_check(MIXTURE_CASES["fixed_tree_cfg"], 1500)
+    p_value, worst, _ = _markov_check(MIXTURE_CASES["fixed_tree_cfg"], 1500, row_length=3)
     assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
     if weights == "chosen_by_the_run":  # the run's choice moved: weights chosen from past passes keep the law
         assert len(set(used)) >= 2 and any(law > 0 for _, law in used), set(used)

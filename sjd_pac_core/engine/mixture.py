@@ -25,7 +25,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..sampling.drafting import blend_acceptance
+from ..sampling.drafting import blend_acceptance, first_draft_blend
 from .neighbour_laws import NeighbourLaws, make_laws
 
 Weight = Union[float, torch.Tensor]
@@ -90,8 +90,7 @@ class FirstDraftMixture:
 
     def blend(self, row0: torch.Tensor, mixture: torch.Tensor, law: torch.Tensor) -> torch.Tensor:
         """The first draft's q [V] at the current weights."""
-        w_mixture, w_law = self.weight(row0.device)
-        return torch.lerp(torch.lerp(row0, mixture, w_mixture), law, w_law)
+        return first_draft_blend(row0, mixture, law, *self.weight(row0.device))
 
     def drafted(self, position: int, row0: torch.Tensor, mixture: torch.Tensor, law: torch.Tensor) -> None:
         """A first draft at image `position` was redrawn from a blend of these three [V]."""

@@ -19,7 +19,6 @@ class ConstraintTable:
     def __init__(self, constraints: TokenConstraints, device: torch.device) -> None:
         self.vocab_size = constraints.vocab_size
         self.num_tokens = constraints.num_tokens
-        self.row_length = constraints.row_length
         allowed, forced = constraints.allowed.cpu(), constraints.forced.cpu()
         if allowed.dim() == 2:  # a set per position: the rows are the positions
             one_hot = torch.nn.functional.one_hot(forced.clamp(min=0), self.vocab_size).bool()

@@ -58,16 +58,21 @@ def rejected_mixture(p_behind: torch.Tensor, mass: torch.Tensor) -> torch.Tensor
     return torch.where(total > 0, mixture, p_behind[0])  # none had mass (cut by top-k): row 0 alone
 
 
+def first_draft_blend(row0: torch.Tensor, mixture: torch.Tensor, law: torch.Tensor, w_mixture, w_law) -> torch.Tensor:
+    """The first draft's q: lerp(lerp(row0, mixture, w_mixture), law, w_law) (weights broadcast)."""
+    return torch.lerp(torch.lerp(row0, mixture, w_mixture), law, w_law)
+
+
 def blend_acceptance(row0: torch.Tensor, mixture: torch.Tensor, law: torch.Tensor, p: torch.Tensor,
                      mixture_weights: torch.Tensor, law_weights: torch.Tensor) -> torch.Tensor:
-    """[Wm, Wl]: the chance a draft from lerp(lerp(row0, mixture, wm), law, wl) would be accepted
-    against the target p [V], for each pair of `mixture_weights` [Wm] and `law_weights` [Wl]:
-    sum_v min(q(v), p(v)) = 1 - TV(q, p), what the best coupling of a draft with its target
-    achieves (speculative sampling's accept rate)."""
+    """[Wm, Wl]: the chance a draft from `first_draft_blend` would be accepted against the target
+    p [V], for each pair of `mixture_weights` [Wm] and `law_weights` [Wl]: sum_v min(q(v), p(v)) =
+    1 - TV(q, p), what the best coupling of a draft with its target achieves (speculative
+    sampling's accept rate)."""
     dtype = row0.dtype
-    base = torch.lerp(row0.unsqueeze(0), mixture.unsqueeze(0), mixture_weights.to(dtype).unsqueeze(-1))  # [Wm, V]
-    q = torch.lerp(base.unsqueeze(1), law.to(dtype).view(1, 1, -1), law_weights.to(dtype).view(1, -1, 1))  # [Wm, Wl, V]
-    return torch.minimum(q, p.to(dtype).view(1, 1, -1)).sum(-1)
+    q = first_draft_blend(row0, mixture, law.to(dtype), mixture_weights.to(dtype).view(-1, 1, 1),
+                          law_weights.to(dtype).view(1, -1, 1))  # [Wm, Wl, V]
+    return torch.minimum(q, p.to(dtype)).sum(-1)
 
 
 def candidate_count(q: torch.Tensor, width: int) -> torch.Tensor:

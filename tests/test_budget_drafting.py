@@ -417,6 +417,43 @@ def test_planted_first_draft_from_the_blend_verified_as_the_old_q_is_caught(monk
     assert p_value < P_VALUE_PLANTED_MAX, f"p = {p_value:.2e} at {worst}"
 
 
+# Under the Gumbel rule the candidates beside a draft come from the neighbour law
+# (Drafter.candidates_from_law): exact there because verification accepts the child equal to the
+# target, which no candidate moves; under the rejection rule they must be a draw from the row's q.
+def _law_candidate_rows(monkeypatch):
+    """Counts, per call of Drafter.candidates_from_law that acted, whether it changed a row."""
+    original = drafters.Drafter.candidates_from_law
+    changed = []
+
+    def recording(ctx, laws, window, start, cands, valid):
+        out = original(ctx, laws, window, start, cands, valid)
+        if laws is not None and ctx.rule.free_candidates:
+            changed.append(bool((out[0] != cands).any()))
+        return out
+
+    monkeypatch.setattr(drafters.Drafter, "candidates_from_law", staticmethod(recording))
+    return changed
+
+
+@pytest.mark.parametrize("name", list(MIXTURE_CASES))
+def test_law_candidates_under_gumbel_match_the_markov_marginals(monkeypatch, name):
+    changed = _law_candidate_rows(monkeypatch)
+    p_value, worst, side = _markov_check(MIXTURE_CASES[name].with_(verify="gumbel"), 1500, row_length=3)
+    assert sum(changed) > 0.5 * len(changed) > 0, "the law's candidates were not used"
+    assert side >= 0.2, f"a side branch won only {side:.0%} of passes"
+    assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
+
+
+@pytest.mark.parametrize("name", list(MIXTURE_CASES))
+def test_planted_law_candidates_under_the_rejection_rule_are_caught(monkeypatch, name):
+    # 1500 samples: budget p = 2e-31 and 9e-23 at seeds 10**6+ and 2 x 10**6+, fixed tree 5e-40 and 2e-58
+    changed = _law_candidate_rows(monkeypatch)
+    monkeypatch.setattr(rules.RejectionRule, "free_candidates", True)
+    p_value, worst, _ = _markov_check(MIXTURE_CASES[name], 1500, seed0=10**6, row_length=3)
+    assert any(changed)
+    assert p_value < P_VALUE_PLANTED_MAX, f"law candidates under the rejection rule went unnoticed: p = {p_value:.2e}"
+
+
 def test_budget_trees_behind_side_candidates_match_a_second_order_chain():
     """Branches behind a side candidate are verified against p's fed behind that candidate: a
     chain whose token follows its grandparent shows a branch checked in the wrong context."""
@@ -453,7 +490,8 @@ def lm():
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_budget_drafter_gives_the_ar_tokens_under_gumbel(lm, seed):
+def test_budget_drafter_gives_the_ar_tokens_under_gumbel(lm, seed, monkeypatch):
+    changed = _law_candidate_rows(monkeypatch)  # the law's candidates beside the drafts, on by default
     common = dict(verify="gumbel", cfg_scale=3.0, top_k=40)
     num = 160  # long enough that a side candidate wins at every budget on both seeds (100 was not, for seed 1)
     ar = sp.sample_tokens(lm, SEED_PROMPT, num, config=sp.SamplerConfig(method="ar", **common), seed=seed,
@@ -467,6 +505,7 @@ def test_budget_drafter_gives_the_ar_tokens_under_gumbel(lm, seed):
         assert torch.equal(out.tokens, ar.tokens), budget
         assert out.stats.forward_passes < ar.stats.forward_passes
         assert any(any(r.branch) for r in out.stats.records), "no side candidate ever won"
+    assert any(changed), "the law's candidates never changed a row"
 
 
 def test_every_pass_is_padded_to_the_budget_and_makes_one_host_sync(lm):

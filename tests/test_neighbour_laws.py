@@ -54,3 +54,36 @@ def test_the_law_keeps_to_the_allowed_tokens_and_knows_when_it_has_seen_nothing(
     assert bool(seen) and q[0] == 0 and torch.allclose(q[1:], torch.full((3,), 1 / 3))
     _, seen = laws.law(1, torch.tensor([0, 2, 0]), allowed)  # token 0 to the left: never seen
     assert not bool(seen)
+
+
+def test_the_window_law_reads_each_positions_neighbours_from_the_committed_tokens_and_the_drafts():
+    # row 3: positions 3, 4, 5 lie below 0, 1, 2; 4 committed, the window starts at position 4
+    committed = torch.tensor([0, 1, 2, 3, 0, 0, 0, 0])
+    behind = {0: [1.0, 0.0, 0.0, 0.0], 1: [0.0, 1.0, 0.0, 0.0], 2: [0.0, 0.0, 1.0, 0.0], 3: [0.0, 0.0, 0.0, 1.0]}
+    laws = NeighbourLaws(V, ROW, torch.device("cpu"))
+    # one node per token, each alone in its own pass: token t's left law is the one-hot behind[t]
+    for token, p in behind.items():
+        laws.add(torch.tensor([token]), torch.tensor([1]), torch.tensor([p]), committed, 1)
+    drafts = torch.tensor([2, 0, 1, 3, 3])  # the window's drafts for positions 4..8
+    q, seen = laws.window_law(4, drafts, committed, torch.ones(4, V, dtype=torch.bool))
+    assert bool(seen.all())
+    # left of 4: committed 3; left of 5, 6, 7: the drafts 2, 0, 1 (no above law was learned)
+    assert torch.equal(q.argmax(-1), torch.tensor([3, 2, 0, 1]))
+    # an above law for token 1 (the token above position 4) pulls position 4 towards it
+    laws.add(torch.tensor([3]), torch.tensor([4]), torch.tensor([[0.0, 0.5, 0.0, 0.5]]), committed, 4)
+    q, _ = laws.window_law(4, drafts, committed, torch.ones(4, V, dtype=torch.bool))
+    assert float(q[0, 1]) > 0.2 and float(q[0, 0]) < 1e-3
+    # position 7 lies below position 4, whose token is a draft (2). A node holding token 1 at
+    # position 4 computed [0, 0, 0, 1] for position 5 (below committed token 2): token 1's left law
+    # becomes [0, .5, 0, .5], token 2's above law [0, 0, 0, 1]; read from the draft above, the
+    # latter settles position 7 on token 3 (alone, the left law would leave it at one half)
+    assert int(q[3].argmax()) == 1
+    laws.add(torch.tensor([1]), torch.tensor([5]), torch.tensor([[0.0, 0.0, 0.0, 1.0]]), committed, 4)
+    q, _ = laws.window_law(4, drafts, committed, torch.ones(4, V, dtype=torch.bool))
+    assert float(q[3, 3]) > 0.99
+
+
+def test_the_window_law_has_not_seen_neighbours_it_never_learned():
+    laws = laws_after([2], [1], [[0.7, 0.1, 0.1, 0.1]], [0, 2, 0, 0], 2, row_length=0)
+    _, seen = laws.window_law(2, torch.tensor([1, 2]), torch.tensor([0, 2, 0, 0]), torch.ones(2, V, dtype=torch.bool))
+    assert seen.tolist() == [True, False]  # token 2 left of position 2; draft 1 left of 3: never seen

@@ -19,6 +19,7 @@ from sjd_pac_core.sampling.recipe import (
 from scipy import stats as scipy_stats
 
 from exactness_tools import planted_fault
+from sjd_pac_core.sampling.drafting import candidates_beside
 from sjd_pac_core.sampling import verify
 from sjd_pac_core.sampling.tree import build_tree_layout, tree_attention_mask, tree_position_ids
 from sjd_pac_core.sampling.verify import (
@@ -336,3 +337,19 @@ def test_blend_acceptance_is_one_minus_the_total_variation_of_each_blend():
     # the law blended over the mixture blend: lerp(lerp(row0, mixture, wm), law, wl)
     both = blend_acceptance(row0, mixture, law, p, torch.tensor([0.0, 1.0]), torch.tensor([0.0, 0.5, 1.0]))
     assert torch.allclose(both, torch.tensor([[0.0, 0.5, 1.0], [0.5, 0.75, 1.0]]))
+
+
+def test_candidates_beside_keep_the_draft_first_and_the_other_proposals_order_without_it():
+    first = torch.tensor([4, 7, 2])
+    ranked = torch.tensor([[1, 4, 3, 0],    # the draft ranked second: left out, the rest in order
+                           [5, 6, 1, 2],    # the draft not ranked: its first three follow it
+                           [2, 3, 9, 8]])   # the draft ranked first
+    ranked_valid = torch.tensor([[True, True, True, True],
+                                 [True, True, False, False],  # a row that holds only two other tokens
+                                 [True, True, True, True]])
+    tokens, valid = candidates_beside(first, ranked, ranked_valid, 3)
+    assert tokens.tolist() == [[4, 1, 3], [7, 5, 6], [2, 3, 9]]
+    assert valid.tolist() == [[True, True, True], [True, True, True], [True, True, True]]
+    tokens, valid = candidates_beside(first, ranked, ranked_valid, 4)
+    assert tokens[:, 0].tolist() == [4, 7, 2] and tokens[0].tolist() == [4, 1, 3, 0]
+    assert valid.tolist() == [[True, True, True, True], [True, True, True, False], [True, True, True, True]]

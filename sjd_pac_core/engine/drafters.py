@@ -19,13 +19,13 @@ The exactness contract every drafter keeps (spec sections 2-4):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
 from ..config import SamplerConfig, TreeLevels
-from ..sampling.drafting import initial_proposals, rejected_mixture
+from ..sampling.drafting import candidates_beside, initial_proposals, rejected_mixture
 from ..sampling.recipe import SamplingRecipe
 from ..sampling.rules import NodeChildren
 from ..sampling.tree import TreeShape, level_tree_shape, one_deviation_leaves, tree_layout
@@ -34,6 +34,7 @@ from .budget import (MAX_SLOTS, AcceptanceTable, DecayedMean, best_tree, chain_f
                      position_classes)
 from .draft import Draft, DraftWindow, TreeDraft
 from .mixture import FirstDraftMixture
+from .neighbour_laws import NeighbourLaws
 from .side_rows import PastNodes, side_proposals
 from .verdict import Decisions, PassOutcome, StaleRows, Verdict
 
@@ -147,6 +148,26 @@ class Drafter(ABC):
         return DraftWindow(torch.cat([first, window.tokens[1:]]), torch.cat([q, window.q[1:]])), True
 
     @staticmethod
+    def candidates_from_law(ctx: DraftContext, laws: Optional[NeighbourLaws], window: DraftWindow, start: int,
+                            cands: torch.Tensor, valid: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Under a rule whose candidates may be any tokens (the Gumbel rule: `free_candidates`),
+        the candidate rows of the window's first positions (row r: position start + r) with the
+        draft kept in slot 0 and the other slots the neighbour law's top tokens there under the
+        position's Gumbel noise, given the token to the left and the token above on the main
+        chain (`NeighbourLaws.window_law`); a row whose neighbours the law has not seen keeps its
+        own. The draft stays: the drafts behind it were continued from it. Else unchanged."""
+        if laws is None or not ctx.rule.free_candidates or cands.shape[1] < 2:
+            return cands, valid
+        rows, width = cands.shape
+        positions = ctx.positions[start : start + rows]
+        law, seen = laws.window_law(start, window.tokens, ctx.committed, ctx.constraints.mask(positions))
+        drafts = window.tokens[:rows]
+        ranked, ranked_valid = ctx.rule.candidates(law, drafts, min(width + 1, int(law.shape[-1])), positions)
+        tokens, tokens_valid = candidates_beside(drafts, ranked, ranked_valid, width)
+        use = seen.unsqueeze(1)
+        return torch.where(use, tokens, cands), torch.where(use, tokens_valid, valid)
+
+    @staticmethod
     def shaped_tree(ctx: DraftContext, window: DraftWindow, start: int, widths: Sequence[int],
                     side_chain: int = 0, chain_width: int = 1) -> Optional[TreeDraft]:
         """A level tree with widths[d] candidates at window position d (one rule call: a draw of
@@ -238,12 +259,14 @@ class PACDrafter(SJDDrafter):
     (engine/mixture.py)."""
 
     def __init__(self, continuation: bool, proactive: bool, tree: TreeLevels, max_window: int = 0,
-                 mixture_weight: Optional[float] = None, law_weight: Optional[float] = None) -> None:
+                 mixture_weight: Optional[float] = None, law_weight: Optional[float] = None,
+                 law_candidates: bool = True) -> None:
         self.continuation = continuation
         self.proactive = proactive and bool(tree.widths)
         self.tree = tree if self.proactive else TreeLevels()
         self.max_window = max_window
         self.mixture = FirstDraftMixture(mixture_weight, law_weight)
+        self.law_candidates = law_candidates
 
     def first_after_rejection(self, ctx: DraftContext, report: PassReport, window: DraftWindow,
                               kept: int) -> Tuple[DraftWindow, int]:
@@ -265,9 +288,13 @@ class PACDrafter(SJDDrafter):
                   widths: Optional[Tuple[int, ...]] = None) -> Optional[TreeDraft]:
         """The level tree on the window's first positions: `widths` (the window policy's choice,
         e.g. a narrower tree on hardware where nodes cost) or the configured ones."""
-        tree = self.tree
-        return self.shaped_tree(ctx, window, start, tree.widths if widths is None else widths, tree.side_chain,
-                                tree.chain_width)
+        levels = self.tree
+        tree = self.shaped_tree(ctx, window, start, levels.widths if widths is None else widths, levels.side_chain,
+                                levels.chain_width)
+        if tree is None or not self.law_candidates:
+            return tree
+        cands, valid = self.candidates_from_law(ctx, self.mixture.laws, window, start, tree.candidates, tree.valid)
+        return replace(tree, candidates=cands, valid=valid)
 
     def continue_window(self, ctx: DraftContext, report: PassReport) -> Tuple[DraftWindow, int]:
         """Adaptive Continuation: the verdict's own draw at each node, which keeps the old draft
@@ -319,9 +346,10 @@ class BudgetDrafter(PACDrafter):
     """
 
     def __init__(self, continuation: bool, budget: int, max_width: int = MAX_SLOTS, side_rows: bool = False,
-                 mixture_weight: Optional[float] = None, law_weight: Optional[float] = None) -> None:
+                 mixture_weight: Optional[float] = None, law_weight: Optional[float] = None,
+                 law_candidates: bool = True) -> None:
         super().__init__(continuation, proactive=False, tree=TreeLevels(), mixture_weight=mixture_weight,
-                         law_weight=law_weight)
+                         law_weight=law_weight, law_candidates=law_candidates)
         self.budget = budget
         self.max_width = max_width
         self.side_rows = side_rows
@@ -400,6 +428,8 @@ class BudgetDrafter(PACDrafter):
         width = max(tree.widths + tree.own_widths)
         cands, valid = ctx.rule.candidates(window.q[:levels], window.tokens[:levels], width,
                                            ctx.positions[start : start + levels])
+        if self.law_candidates:
+            cands, valid = self.candidates_from_law(ctx, self.mixture.laws, window, start, cands, valid)
         own_q = None
         if tree.own_rows:  # (side candidate's slot, level below it) per row
             rows = [(path[0], len(path) - 1) for path in tree.own_rows]

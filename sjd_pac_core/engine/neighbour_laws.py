@@ -66,18 +66,35 @@ class NeighbourLaws:
         """The proposal for image `position` (>= 1) from the committed tokens to its left and above,
         restricted to `allowed` (bool [V]): q [V], and a 0-d bool, False where neither token has
         been seen (q is then meaningless)."""
-        logs, seen = [], []
-        pairs = [(self.left_sum, self.left_count, committed[position - 1])]
-        if self.above_sum is not None and position >= self.row_length:
-            pairs.append((self.above_sum, self.above_count, committed[position - self.row_length]))
-        for sums, counts, token in pairs:
-            count = counts[token]
-            logs.append(torch.log((sums[token] / count.clamp(min=1.0)).clamp(min=FLOOR)) * (count > 0))
-            seen.append((count > 0).to(sums.dtype))
-        experts = torch.stack(seen).sum()
-        mean_log = torch.stack(logs).sum(0) / experts.clamp(min=1.0)
-        weights = torch.exp(mean_log - mean_log.max()) * allowed
-        return weights / weights.sum().clamp(min=1e-30), experts > 0
+        q, seen = self.window_law(position, committed[position - 1 : position - 1], committed, allowed.unsqueeze(0))
+        return q[0], seen[0]
+
+    def window_law(self, start: int, drafts: torch.Tensor, committed: torch.Tensor,
+                   allowed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The proposal for each of the image positions start .. start + R - 1 along a window
+        whose drafts from `start` on are `drafts` (long, at least R - 1 of them), from the token
+        to its left and the token above, each committed (before `start`) or the window's draft: q [R, V] restricted to `allowed` (bool [R, V]), and seen (bool [R]), False
+        where neither token has been seen. Device ops only."""
+        rows = allowed.shape[0]
+        line = torch.cat([committed[start - 1 : start], drafts[: rows - 1]])  # the token to the left
+        mean_log = self._log_law(self.left_sum, self.left_count, line)
+        experts = (self.left_count[line] > 0).to(mean_log.dtype)
+        if self.above_sum is not None:
+            up = torch.arange(start, start + rows, device=line.device) - self.row_length
+            from_drafts = (up - start).clamp(min=0, max=max(0, drafts.shape[0] - 1))
+            above = torch.where(up < start, committed[up.clamp(min=0)], drafts[from_drafts] if drafts.shape[0] else 0)
+            has = (up >= 0) & (self.above_count[above] > 0)
+            mean_log = mean_log + self._log_law(self.above_sum, self.above_count, above) * has.unsqueeze(1)
+            experts = experts + has.to(mean_log.dtype)
+        mean_log = mean_log / experts.clamp(min=1.0).unsqueeze(1)
+        weights = torch.exp(mean_log - mean_log.max(-1, keepdim=True).values) * allowed
+        return weights / weights.sum(-1, keepdim=True).clamp(min=1e-30), experts > 0
+
+    @staticmethod
+    def _log_law(sums: torch.Tensor, counts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """[R, V]: log of the average p behind each token (0 where it was never seen)."""
+        count = counts[tokens].unsqueeze(1)
+        return torch.log((sums[tokens] / count.clamp(min=1.0)).clamp(min=FLOOR)) * (count > 0)
 
 
 def make_laws(vocab: int, row_length: int, device: torch.device) -> Optional[NeighbourLaws]:

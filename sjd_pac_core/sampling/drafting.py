@@ -78,3 +78,23 @@ def blend_acceptance(row0: torch.Tensor, mixture: torch.Tensor, law: torch.Tenso
 def candidate_count(q: torch.Tensor, width: int) -> torch.Tensor:
     """How many PD candidates each row of q [.., V] can give: min(K, support size)."""
     return (q > 0).sum(-1).clamp(max=width)
+
+
+def candidates_beside(first: torch.Tensor, ranked: torch.Tensor, ranked_valid: torch.Tensor,
+                      width: int) -> tuple:
+    """Candidate rows whose slot 0 is each row's draft and whose other slots are another
+    proposal's tokens in its order, the draft left out: (tokens long [R, width], valid bool
+    [R, width]).
+
+    first: long [R], the drafts; ranked: long [R, n] with n >= width, distinct tokens per row,
+    best first (e.g. a Gumbel top-n); ranked_valid: bool [R, n], False for a token the row may
+    not hold. Only for a rule whose verification never reads the candidates' q (the Gumbel rule:
+    `free_candidates`); one stable sort, no loop.
+    """
+    others = ranked != first.unsqueeze(1)  # the draft appears at most once
+    order = torch.argsort((~others).to(torch.int8), dim=1, stable=True)  # the others first, in rank order
+    rest = ranked.gather(1, order)[:, : width - 1]
+    rest_valid = (others & ranked_valid).gather(1, order)[:, : width - 1]
+    tokens = torch.cat([first.unsqueeze(1), rest], 1)
+    valid = torch.cat([torch.ones_like(first, dtype=torch.bool).unsqueeze(1), rest_valid], 1)
+    return tokens, valid

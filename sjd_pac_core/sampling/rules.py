@@ -55,6 +55,10 @@ class NodeChildren:
 class RejectionRule:
     """Speculative rejection sampling; exact in distribution."""
 
+    # The candidates beside a draft must be one draw without replacement from its q (the
+    # recursive rejection's residuals assume it).
+    free_candidates = False
+
     def __init__(self, generator: torch.Generator) -> None:
         self.generator = generator
 
@@ -152,6 +156,10 @@ class GumbelRule:
     commits the same tokens as plain AR with the same seed. With a noise window (the sampler's
     case) the noise is hashed once per position; without one, on every call.
     """
+
+    # The candidates beside a draft may be any distinct tokens fixed before the pass: a child is
+    # accepted when it equals the target, which no candidate changes (verify never reads q).
+    free_candidates = True
 
     def __init__(self, seed: int, vocab_size: int, window: Optional[GumbelNoiseWindow] = None) -> None:
         self.seed = seed

@@ -716,11 +716,12 @@ def _chain_sibling_repeats_draft(original):
 
 
 def _q_keeps_rejected_mass(original):
-    def faulty(p, q, candidates, valid):
+    def faulty(p, q, candidates, valid, beside=None):
         # Recursive rejection whose q is never updated: a rejected candidate keeps its mass.
         probs = []
         for k in range(candidates.shape[-1]):
-            prob, p = original(p, q, candidates[:, k : k + 1], valid[:, k : k + 1])
+            law = q if k == 0 or beside is None else beside
+            prob, p = original(p, law, candidates[:, k : k + 1], valid[:, k : k + 1])
             probs.append(prob)
         return torch.cat(probs, -1), p
     return faulty

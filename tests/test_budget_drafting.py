@@ -38,6 +38,7 @@ from exactness_tools import (
 )
 from sjd_pac_core.config import TreeLevels
 from sjd_pac_core.engine import budget as bd
+from sjd_pac_core.engine import draft as draft_module
 from sjd_pac_core.engine import drafters
 from sjd_pac_core.sampling import rules
 from sjd_pac_core.sampling.recipe import SamplingRecipe, TokenConstraints, process
@@ -278,8 +279,8 @@ def _budget_cut_after_the_outcome(monkeypatch):
     original = rules.RejectionRule.verify
     calls = []
 
-    def faulty(self, p, positions, children, q):
-        accepted, next_token = original(self, p, positions, children, q)
+    def faulty(self, p, positions, children, q, beside=None):
+        accepted, next_token = original(self, p, positions, children, q, beside)
         calls.append(1)
         stopped = (accepted < 0) & children.valid[:, 0]  # had candidates, all rejected
         return accepted, torch.where(stopped, rules.sample(p, self.generator), next_token)
@@ -417,9 +418,10 @@ def test_planted_first_draft_from_the_blend_verified_as_the_old_q_is_caught(monk
     assert p_value < P_VALUE_PLANTED_MAX, f"p = {p_value:.2e} at {worst}"
 
 
-# Under the Gumbel rule the candidates beside a draft come from the neighbour law
-# (Drafter.candidates_from_law): exact there because verification accepts the child equal to the
-# target, which no candidate moves; under the rejection rule they must be a draw from the row's q.
+# The candidates beside a draft come from the neighbour law (Drafter.candidates_from_law): under
+# the Gumbel rule exact for any tokens (the child equal to the target is accepted, which no
+# candidate moves); under the rejection rule exact because verification subtracts the law they
+# were drawn from (recursive_rejection_rows' `beside`), and biased where it subtracts q instead.
 def _law_candidate_rows(monkeypatch):
     """Counts, per call of Drafter.candidates_from_law that acted, whether it changed a row."""
     original = drafters.Drafter.candidates_from_law
@@ -427,7 +429,7 @@ def _law_candidate_rows(monkeypatch):
 
     def recording(ctx, laws, window, start, cands, valid):
         out = original(ctx, laws, window, start, cands, valid)
-        if laws is not None and ctx.rule.free_candidates:
+        if out[2] is not None:
             changed.append(bool((out[0] != cands).any()))
         return out
 
@@ -435,23 +437,24 @@ def _law_candidate_rows(monkeypatch):
     return changed
 
 
+@pytest.mark.parametrize("verify", ["gumbel", "rejection"])
 @pytest.mark.parametrize("name", list(MIXTURE_CASES))
-def test_law_candidates_under_gumbel_match_the_markov_marginals(monkeypatch, name):
+def test_law_candidates_match_the_markov_marginals(monkeypatch, name, verify):
     changed = _law_candidate_rows(monkeypatch)
-    p_value, worst, side = _markov_check(MIXTURE_CASES[name].with_(verify="gumbel"), 1500, row_length=3)
+    p_value, worst, side = _markov_check(MIXTURE_CASES[name].with_(verify=verify), 1500, row_length=3)
     assert sum(changed) > 0.5 * len(changed) > 0, "the law's candidates were not used"
     assert side >= 0.2, f"a side branch won only {side:.0%} of passes"
     assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
 
 
 @pytest.mark.parametrize("name", list(MIXTURE_CASES))
-def test_planted_law_candidates_under_the_rejection_rule_are_caught(monkeypatch, name):
-    # 1500 samples: budget p = 2e-31 and 9e-23 at seeds 10**6+ and 2 x 10**6+, fixed tree 5e-40 and 2e-58
+def test_planted_law_candidates_verified_as_draws_from_q_are_caught(monkeypatch, name):
+    # 1500 samples: P_VALUES_LAW_AS_Q
     changed = _law_candidate_rows(monkeypatch)
-    monkeypatch.setattr(rules.RejectionRule, "free_candidates", True)
+    monkeypatch.setattr(draft_module.Draft, "beside_proposals", property(lambda self: None))
     p_value, worst, _ = _markov_check(MIXTURE_CASES[name], 1500, seed0=10**6, row_length=3)
     assert any(changed)
-    assert p_value < P_VALUE_PLANTED_MAX, f"law candidates under the rejection rule went unnoticed: p = {p_value:.2e}"
+    assert p_value < P_VALUE_PLANTED_MAX, f"law candidates verified as draws from q went unnoticed: p = {p_value:.2e}"
 
 
 def test_budget_trees_behind_side_candidates_match_a_second_order_chain():

@@ -19,7 +19,7 @@ from sjd_pac_core.sampling.recipe import (
 from scipy import stats as scipy_stats
 
 from exactness_tools import planted_fault
-from sjd_pac_core.sampling.drafting import candidates_beside
+from sjd_pac_core.sampling.drafting import draft_and_ranked
 from sjd_pac_core.sampling import verify
 from sjd_pac_core.sampling.tree import build_tree_layout, tree_attention_mask, tree_position_ids
 from sjd_pac_core.sampling.verify import (
@@ -161,6 +161,70 @@ def test_recursive_rejection_rows_by_hand():
     # Row 1: c1 = 0: 0.6 / 0.5 -> 1; the padding slot: 0 and the residual unchanged after it.
     assert torch.allclose(acc, torch.tensor([[0.0, 0.6], [1.0, 0.0]]))
     assert torch.allclose(final, torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
+
+
+# Levels whose slots after the first come from another law (p, q, beside, slots): the rejection
+# rule's candidates_beside (the neighbour law beside each draft). The third's law has fewer
+# tokens than the slots; the fourth's puts no mass where p has most.
+BESIDE_LEVELS = [
+    (torch.tensor([0.05, 0.45, 0.1, 0.4]), torch.tensor([0.4, 0.1, 0.3, 0.2]),
+     torch.tensor([0.1, 0.5, 0.1, 0.3]), k) for k in (2, 3, 4)
+] + [
+    (torch.tensor([0.1, 0.5, 0.1, 0.2, 0.1]), torch.tensor([0.3, 0.1, 0.2, 0.2, 0.2]),
+     torch.tensor([0.0, 0.7, 0.0, 0.3, 0.0]), 4),
+    (torch.tensor([0.3, 0.0, 0.3, 0.4]), torch.tensor([0.2, 0.3, 0.2, 0.3]), torch.tensor([0.6, 0.4, 0.0, 0.0]), 3),
+]
+
+
+def _beside_output(p: torch.Tensor, q: torch.Tensor, law: torch.Tensor, k: int, pass_law: bool = True) -> torch.Tensor:
+    """Exact output law of one level whose slot 0 is drawn from q and whose other slots are one
+    draw without replacement from `law` with slot 0's token left out (padding past the law's
+    support), verified in ONE call of recursive_rejection_rows with `beside` = law (or, the
+    planted fault, without it)."""
+    rows, probs = [], []
+    for first in range(q.shape[0]):
+        if q[first] <= 0:
+            continue
+        rest = law.clone()
+        rest[first] = 0
+        real = min(k - 1, int((rest > 0).sum()))
+        outside = [t for t in range(q.shape[0]) if t != first and rest[t] == 0] or [first]
+        for tup, prob in _without_replacement_orders(rest / rest.sum(), real):
+            rows.append([first, *tup] + [outside[i % len(outside)] for i in range(k - 1 - real)])
+            probs.append(float(q[first]) * prob)
+    cands = torch.tensor(rows)
+    valid = verify.beside_validity(law.expand(len(rows), -1), cands[:, 0], k)
+    accept, final = verify.recursive_rejection_rows(p.expand(len(rows), -1), q.expand(len(rows), -1), cands, valid,
+                                                    law.expand(len(rows), -1) if pass_law else None)
+    accept, final = accept.double(), final.double()
+    out = torch.zeros(len(rows), p.shape[0], dtype=torch.float64)
+    reach = torch.ones(len(rows), dtype=torch.float64)
+    for j in range(k):
+        out.scatter_add_(1, cands[:, j : j + 1], (reach * accept[:, j]).unsqueeze(1))
+        reach = reach * (1 - accept[:, j])
+    out += reach.unsqueeze(1) * final
+    return (torch.tensor(probs, dtype=torch.float64).unsqueeze(1) * out).sum(0)
+
+
+def test_recursive_rejection_rows_is_exact_with_candidates_from_another_law():
+    """Exact enumeration: a draft from q and the others from another law give p, to rounding."""
+    for p, q, law, k in BESIDE_LEVELS:
+        out = _beside_output(p, q, law, k)
+        assert torch.allclose(out, p.double(), atol=1e-6), (p, q, law, k, out)
+
+
+def test_recursive_rejection_rows_control_candidates_from_another_law_verified_as_from_q():
+    """The planted fault: the same candidates verified as if they were a draw from q."""
+    worst = max(float((_beside_output(p, q, law, k, pass_law=False) - p.double()).abs().max())
+                for p, q, law, k in BESIDE_LEVELS)
+    assert worst > 0.05
+
+
+def test_beside_validity_counts_the_laws_tokens_other_than_the_draft():
+    law = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0], [0.1, 0.2, 0.3, 0.4]])
+    first = torch.tensor([0, 2, 3])
+    assert verify.beside_validity(law, first, 3).tolist() == [
+        [True, True, False], [True, True, True], [True, True, True]]
 
 
 def test_candidate_validity_marks_slots_past_the_support():
@@ -339,7 +403,7 @@ def test_blend_acceptance_is_one_minus_the_total_variation_of_each_blend():
     assert torch.allclose(both, torch.tensor([[0.0, 0.5, 1.0], [0.5, 0.75, 1.0]]))
 
 
-def test_candidates_beside_keep_the_draft_first_and_the_other_proposals_order_without_it():
+def test_draft_and_ranked_keep_the_draft_first_and_the_other_proposals_order_without_it():
     first = torch.tensor([4, 7, 2])
     ranked = torch.tensor([[1, 4, 3, 0],    # the draft ranked second: left out, the rest in order
                            [5, 6, 1, 2],    # the draft not ranked: its first three follow it
@@ -347,9 +411,9 @@ def test_candidates_beside_keep_the_draft_first_and_the_other_proposals_order_wi
     ranked_valid = torch.tensor([[True, True, True, True],
                                  [True, True, False, False],  # a row that holds only two other tokens
                                  [True, True, True, True]])
-    tokens, valid = candidates_beside(first, ranked, ranked_valid, 3)
+    tokens, valid = draft_and_ranked(first, ranked, ranked_valid, 3)
     assert tokens.tolist() == [[4, 1, 3], [7, 5, 6], [2, 3, 9]]
     assert valid.tolist() == [[True, True, True], [True, True, True], [True, True, True]]
-    tokens, valid = candidates_beside(first, ranked, ranked_valid, 4)
+    tokens, valid = draft_and_ranked(first, ranked, ranked_valid, 4)
     assert tokens[:, 0].tolist() == [4, 7, 2] and tokens[0].tolist() == [4, 1, 3, 0]
     assert valid.tolist() == [[True, True, True, True], [True, True, True, False], [True, True, True, True]]

@@ -55,6 +55,9 @@ class TreeDraft:
     shape: TreeShape
     widths: Tuple[int, ...] = ()  # a level tree's candidates per level (empty for another shape)
     own_q: Optional[torch.Tensor] = None  # float [R, V]: the proposals of shape.own_rows
+    # float [B, V]: the laws the slots after the first of position rows 0 .. B - 1 were drawn
+    # from (the rule's candidates_beside); None: every row is one draw from its window q
+    beside_q: Optional[torch.Tensor] = None
 
     @property
     def levels(self) -> int:
@@ -87,3 +90,13 @@ class Draft:
         if tree is None or tree.own_q is None:
             return self.window.q
         return torch.cat([self.window.q, tree.own_q.to(self.window.q.dtype)])
+
+    @property
+    def beside_proposals(self) -> Optional[torch.Tensor]:
+        """float [M + R, V] aligned with `proposals`: the law each row's slots after the first were
+        drawn from (the row's own q where they came from it), or None where all came from q."""
+        tree = self.tree
+        if tree is None or tree.beside_q is None:
+            return None
+        rows = tree.beside_q.shape[0]
+        return torch.cat([tree.beside_q.to(self.window.q.dtype), self.proposals[rows:]])

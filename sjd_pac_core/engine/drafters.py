@@ -10,7 +10,9 @@ The exactness contract every drafter keeps (spec sections 2-4):
   pass that verifies it (stale p's, earlier drafts), never on that pass's own p;
 * tree.candidates[d] is one draw without replacement from window.q[d], in draw order, with
   candidates[d, 0] == window.tokens[d] (the main branch); draw it with `ctx.rule.candidates`,
-  which also says which slots are real (a fixed-width row may hold fewer real candidates);
+  which also says which slots are real (a fixed-width row may hold fewer real candidates); or
+  slot 0 the draft and the others a draw from another law known before the pass
+  (`ctx.rule.candidates_beside`), which then goes to verification as tree.beside_q[d];
 * tree.shape is any TreeShape whose main branch (slot 0 at every depth) is the whole window and
   whose other slots lie in the candidate rows (`sampling.tree`); its children-are-a-prefix rule
   is what keeps recursive rejection exact, and the Gumbel rule is exact for any tree.
@@ -25,7 +27,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 
 from ..config import SamplerConfig, TreeLevels
-from ..sampling.drafting import candidates_beside, initial_proposals, rejected_mixture
+from ..sampling.drafting import initial_proposals, rejected_mixture
 from ..sampling.recipe import SamplingRecipe
 from ..sampling.rules import NodeChildren
 from ..sampling.tree import TreeShape, level_tree_shape, one_deviation_leaves, tree_layout
@@ -149,23 +151,24 @@ class Drafter(ABC):
 
     @staticmethod
     def candidates_from_law(ctx: DraftContext, laws: Optional[NeighbourLaws], window: DraftWindow, start: int,
-                            cands: torch.Tensor, valid: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Under a rule whose candidates may be any tokens (the Gumbel rule: `free_candidates`),
-        the candidate rows of the window's first positions (row r: position start + r) with the
-        draft kept in slot 0 and the other slots the neighbour law's top tokens there under the
-        position's Gumbel noise, given the token to the left and the token above on the main
-        chain (`NeighbourLaws.window_law`); a row whose neighbours the law has not seen keeps its
-        own. The draft stays: the drafts behind it were continued from it. Else unchanged."""
-        if laws is None or not ctx.rule.free_candidates or cands.shape[1] < 2:
-            return cands, valid
+                            cands: torch.Tensor, valid: torch.Tensor
+                            ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """The candidate rows of the window's first positions (row r: position start + r) with the
+        draft kept in slot 0 (the drafts behind it were continued from it) and the other slots
+        from the neighbour law there, given the token to the left and the token above on the
+        main chain (`NeighbourLaws.window_law`), by the rule's `candidates_beside`; a row whose
+        neighbours the law has not seen keeps its own. Returns (candidates, valid, beside_q):
+        beside_q [rows, V] is the law each row's other slots came from (its window q where it
+        kept its own), for verification; None where nothing changed."""
+        if laws is None or cands.shape[1] < 2:
+            return cands, valid, None
         rows, width = cands.shape
         positions = ctx.positions[start : start + rows]
         law, seen = laws.window_law(start, window.tokens, ctx.committed, ctx.constraints.mask(positions))
-        drafts = window.tokens[:rows]
-        ranked, ranked_valid = ctx.rule.candidates(law, drafts, min(width + 1, int(law.shape[-1])), positions)
-        tokens, tokens_valid = candidates_beside(drafts, ranked, ranked_valid, width)
+        tokens, tokens_valid = ctx.rule.candidates_beside(law, window.tokens[:rows], width, positions)
         use = seen.unsqueeze(1)
-        return torch.where(use, tokens, cands), torch.where(use, tokens_valid, valid)
+        beside_q = torch.where(use, law.to(window.q.dtype), window.q[:rows])
+        return torch.where(use, tokens, cands), torch.where(use, tokens_valid, valid), beside_q
 
     @staticmethod
     def shaped_tree(ctx: DraftContext, window: DraftWindow, start: int, widths: Sequence[int],
@@ -293,8 +296,9 @@ class PACDrafter(SJDDrafter):
                                 levels.chain_width)
         if tree is None or not self.law_candidates:
             return tree
-        cands, valid = self.candidates_from_law(ctx, self.mixture.laws, window, start, tree.candidates, tree.valid)
-        return replace(tree, candidates=cands, valid=valid)
+        cands, valid, beside_q = self.candidates_from_law(ctx, self.mixture.laws, window, start, tree.candidates,
+                                                          tree.valid)
+        return replace(tree, candidates=cands, valid=valid, beside_q=beside_q)
 
     def continue_window(self, ctx: DraftContext, report: PassReport) -> Tuple[DraftWindow, int]:
         """Adaptive Continuation: the verdict's own draw at each node, which keeps the old draft
@@ -428,8 +432,9 @@ class BudgetDrafter(PACDrafter):
         width = max(tree.widths + tree.own_widths)
         cands, valid = ctx.rule.candidates(window.q[:levels], window.tokens[:levels], width,
                                            ctx.positions[start : start + levels])
+        beside_q = None
         if self.law_candidates:
-            cands, valid = self.candidates_from_law(ctx, self.mixture.laws, window, start, cands, valid)
+            cands, valid, beside_q = self.candidates_from_law(ctx, self.mixture.laws, window, start, cands, valid)
         own_q = None
         if tree.own_rows:  # (side candidate's slot, level below it) per row
             rows = [(path[0], len(path) - 1) for path in tree.own_rows]
@@ -437,7 +442,8 @@ class BudgetDrafter(PACDrafter):
             positions = to_device(tuple(start + 1 + level for _, level in rows), own_q.device)
             own, own_valid = ctx.rule.candidates(own_q, first, width, positions)
             cands, valid = torch.cat([cands, own]), torch.cat([valid, own_valid])
-        return Draft(window, TreeDraft(cands, valid, TreeShape(tree.paths, tree.own_rows), own_q=own_q), kept, nodes)
+        return Draft(window, TreeDraft(cands, valid, TreeShape(tree.paths, tree.own_rows), own_q=own_q,
+                                       beside_q=beside_q), kept, nodes)
 
     def past_nodes(self, position: int) -> Optional[PastNodes]:
         """The last pass's nodes holding the token of image `position` (the window's first)."""

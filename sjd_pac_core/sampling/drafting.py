@@ -80,7 +80,7 @@ def candidate_count(q: torch.Tensor, width: int) -> torch.Tensor:
     return (q > 0).sum(-1).clamp(max=width)
 
 
-def candidates_beside(first: torch.Tensor, ranked: torch.Tensor, ranked_valid: torch.Tensor,
+def draft_and_ranked(first: torch.Tensor, ranked: torch.Tensor, ranked_valid: torch.Tensor,
                       width: int) -> tuple:
     """Candidate rows whose slot 0 is each row's draft and whose other slots are another
     proposal's tokens in its order, the draft left out: (tokens long [R, width], valid bool
@@ -88,8 +88,8 @@ def candidates_beside(first: torch.Tensor, ranked: torch.Tensor, ranked_valid: t
 
     first: long [R], the drafts; ranked: long [R, n] with n >= width, distinct tokens per row,
     best first (e.g. a Gumbel top-n); ranked_valid: bool [R, n], False for a token the row may
-    not hold. Only for a rule whose verification never reads the candidates' q (the Gumbel rule:
-    `free_candidates`); one stable sort, no loop.
+    not hold. The Gumbel rule's `candidates_beside` (exact for any tokens fixed before the pass);
+    one stable sort, no loop.
     """
     others = ranked != first.unsqueeze(1)  # the draft appears at most once
     order = torch.argsort((~others).to(torch.int8), dim=1, stable=True)  # the others first, in rank order

@@ -7,6 +7,9 @@ Both expose the same operations, so the loop never branches on the rule:
                                       and the token committed if the walk ends at the node
   candidates(q, first, k, positions)  PD candidates per row: `first`, then k-1 more without
                                       replacement, and which of the k slots are real
+  candidates_beside(law, first, k, positions)
+                                      the same with the k-1 others from another law (the
+                                      draft left out); verify then takes that law as `beside`
   chain_candidates(...)               the same for many rows at once (the chain siblings)
 Every operation stays on the device: no host sync.
 """
@@ -19,7 +22,9 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .seeds import reduce_seed
+from .drafting import draft_and_ranked
 from .verify import (
+    beside_validity,
     candidate_validity,
     first_true,
     gumbel_argmax,
@@ -55,10 +60,6 @@ class NodeChildren:
 class RejectionRule:
     """Speculative rejection sampling; exact in distribution."""
 
-    # The candidates beside a draft must be one draw without replacement from its q (the
-    # recursive rejection's residuals assume it).
-    free_candidates = False
-
     def __init__(self, generator: torch.Generator) -> None:
         self.generator = generator
 
@@ -72,12 +73,15 @@ class RejectionRule:
         return sample(p, self.generator)
 
     def verify(
-        self, p: torch.Tensor, positions: torch.Tensor, children: NodeChildren, q: torch.Tensor
+        self, p: torch.Tensor, positions: torch.Tensor, children: NodeChildren, q: torch.Tensor,
+        beside: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Speculative acceptance where a node has one child, recursive rejection in slot order
         where it has several (the first accepted wins), a draw from the final residual where
         none is accepted, and a draw from p at a leaf (the bonus token). q: [M, V] the window's
-        proposals, indexed by children.q_rows."""
+        proposals, indexed by children.q_rows; beside: [M, V] the laws the slots after the first
+        were drawn from (`candidates_beside`; a row equal to q's where they came from q), or None
+        where every row's candidates came from q."""
         s = p.shape[0]
         accepted = torch.full((s,), -1, dtype=torch.long, device=p.device)
         next_token = torch.zeros(s, dtype=torch.long, device=p.device)
@@ -90,9 +94,11 @@ class RejectionRule:
             next_token.index_copy_(0, rows, sample(residual(p1, q1), self.generator))
         if children.multi.numel():
             rows = children.multi
+            q_rows = children.q_rows.index_select(0, rows)
             accept_prob, final = recursive_rejection_rows(
-                p.index_select(0, rows), q.index_select(0, children.q_rows.index_select(0, rows)),
-                children.tokens.index_select(0, rows), children.valid.index_select(0, rows))
+                p.index_select(0, rows), q.index_select(0, q_rows),
+                children.tokens.index_select(0, rows), children.valid.index_select(0, rows),
+                None if beside is None else beside.index_select(0, q_rows))
             coins = self._uniform(accept_prob.shape, p.device)
             accepted.index_copy_(0, rows, first_true(coins < accept_prob))
             next_token.index_copy_(0, rows, sample(final, self.generator))
@@ -106,6 +112,14 @@ class RejectionRule:
         """q [T, V], first long [T] (each row's draft, drawn from it): [T, k] and validity, all
         rows in one Gumbel top-k (no loop over the tree's levels)."""
         return sample_without_replacement_rows(q, first, k, self.generator), candidate_validity(q, k)
+
+    def candidates_beside(
+        self, law: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """law [T, V], first long [T] (each row's draft, drawn from its own q): `first`, then
+        k - 1 more drawn without replacement from `law` with `first` left out; verify must get
+        `law` as the rows' `beside`."""
+        return sample_without_replacement_rows(law, first, k, self.generator), beside_validity(law, first, k)
 
     def chain_candidates(
         self, q: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor
@@ -157,10 +171,6 @@ class GumbelRule:
     case) the noise is hashed once per position; without one, on every call.
     """
 
-    # The candidates beside a draft may be any distinct tokens fixed before the pass: a child is
-    # accepted when it equals the target, which no candidate changes (verify never reads q).
-    free_candidates = True
-
     def __init__(self, seed: int, vocab_size: int, window: Optional[GumbelNoiseWindow] = None) -> None:
         self.seed = seed
         self.vocab_size = vocab_size
@@ -179,11 +189,13 @@ class GumbelRule:
         return gumbel_argmax(p, self._noise(positions))
 
     def verify(
-        self, p: torch.Tensor, positions: torch.Tensor, children: NodeChildren, q: torch.Tensor
+        self, p: torch.Tensor, positions: torch.Tensor, children: NodeChildren, q: torch.Tensor,
+        beside: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Every node's target argmax(log p + G) at once: a child is accepted exactly when its
         token is its parent's target (children are distinct, so at most one is), and the target
-        is what is committed where the walk ends. Any tree is exact under this rule."""
+        is what is committed where the walk ends. Any tree is exact under this rule, so q and
+        beside are not read."""
         target = self.draw(p, positions)
         return first_true((children.tokens == target.unsqueeze(-1)) & children.valid), target
 
@@ -192,6 +204,15 @@ class GumbelRule:
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         # Each draft `first` is already argmax(log q + G); the top-k keeps it first.
         return gumbel_top_k(q, self._noise(positions), k), candidate_validity(q, k)
+
+    def candidates_beside(
+        self, law: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """`first`, then the k - 1 best tokens of `law` under the position's noise, `first`
+        left out: any distinct tokens fixed before the pass are exact here, and these are the
+        ones the target is most likely to be."""
+        ranked = gumbel_top_k(law, self._noise(positions), min(k + 1, int(law.shape[-1])))
+        return draft_and_ranked(first, ranked, candidate_validity(law, ranked.shape[1]), k)
 
     def chain_candidates(
         self, q: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor

@@ -139,20 +139,25 @@ def gumbel_top_k(probs: torch.Tensor, noise: torch.Tensor, k: int) -> torch.Tens
 
 
 def recursive_rejection_rows(
-    p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, valid: torch.Tensor
+    p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, valid: torch.Tensor,
+    beside: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Recursive rejection sampling for many parents at once, each with its own q and candidates.
 
-    p, q: [P, V]; candidates: long [P, K], one draw without replacement from each row's q, in
-    draw order; valid: bool [P, K], False for padding slots (a fixed-width tree where q has fewer
-    than K tokens), which come after every real candidate of their row.
+    p, q: [P, V]; candidates: long [P, K] in draw order: slot 0 drawn from q, the others one draw
+    without replacement from `beside` [P, V] with slot 0's token left out (None: from q, so the
+    row is one draw without replacement from q); valid: bool [P, K], False for padding slots (a
+    fixed-width tree where the law has fewer tokens than K), which come after every real
+    candidate of their row.
     Returns (accept_prob [P, K], final_residual [P, V]):
       accept_prob[:, k] = min(1, p^(k)(c_k) / q^(k)(c_k)) with p^(1) = p, q^(1) = q,
-      p^(k+1) = normalize(max(p^(k) - q^(k), 0)), q^(k+1) = q^(k) without c_k, renormalised;
-      final_residual = p^(K+1), the distribution to draw from when all K are rejected.
-    The first accepted candidate in draw order wins; the result is distributed exactly as p. A
-    padding slot has accept probability 0 and leaves the residual unchanged, so the result is
-    exactly that of the row's real candidates alone. Gathers only: no host sync.
+      p^(k+1) = normalize(max(p^(k) - q^(k), 0)), q^(2) = beside without c_1, q^(k+1) = q^(k)
+      without c_k (k >= 2), renormalised; final_residual = p^(K+1), the distribution to draw
+      from when all K are rejected.
+    Each slot is a speculative step against the law it was drawn from, given the slots before
+    it, so the first accepted candidate in draw order is distributed exactly as p. A padding slot
+    has accept probability 0 and leaves the residual unchanged, so the result is exactly that of
+    the row's real candidates alone. Gathers only: no host sync.
     """
     p_k, q_k = p, q
     probs = []
@@ -162,10 +167,19 @@ def recursive_rejection_rows(
         prob = accept_probability(p_k.gather(-1, c), q_k.gather(-1, c).clamp(min=1e-30))
         probs.append(torch.where(real, prob, torch.zeros_like(prob)).squeeze(-1))
         p_k = torch.where(real, residual(p_k, q_k), p_k)
-        q_next = q_k.scatter(-1, c, 0.0)
+        law = beside if k == 0 and beside is not None else q_k
+        q_next = law.scatter(-1, c, 0.0)
         q_next = q_next / q_next.sum(-1, keepdim=True).clamp(min=1e-30)
         q_k = torch.where(real, q_next, q_k)
     return torch.stack(probs, dim=-1), p_k
+
+
+def beside_validity(law: torch.Tensor, first: torch.Tensor, width: int) -> torch.Tensor:
+    """bool [T, width]: slot 0 (the draft `first`, long [T]) is real, and slot k >= 1 is real
+    when `law` [T, V] has at least k tokens other than the draft (a draw without replacement
+    from it with the draft left out, `sample_without_replacement_rows`)."""
+    others = (law > 0).sum(-1, keepdim=True) - (law.gather(-1, first.unsqueeze(-1)) > 0).long()
+    return torch.arange(width, device=law.device) <= others
 
 
 def candidate_validity(q: torch.Tensor, width: int) -> torch.Tensor:

@@ -40,6 +40,9 @@ from sjd_pac_core.config import TreeLevels
 from sjd_pac_core.engine import budget as bd
 from sjd_pac_core.engine import draft as draft_module
 from sjd_pac_core.engine import drafters
+from sjd_pac_core.engine import mixture as mixture_module
+from sjd_pac_core.engine.neighbour_laws import TopRows
+from sjd_pac_core.models import memory
 from sjd_pac_core.sampling import rules
 from sjd_pac_core.sampling.recipe import SamplingRecipe, TokenConstraints, process
 from sjd_pac_core.sampling.tree import TreeShape
@@ -445,6 +448,38 @@ def test_law_candidates_match_the_markov_marginals(monkeypatch, name, verify):
     assert sum(changed) > 0.5 * len(changed) > 0, "the law's candidates were not used"
     assert side >= 0.2, f"a side branch won only {side:.0%} of passes"
     assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
+
+
+def _compact_law_rows(monkeypatch) -> list:
+    """The 7B families' laws keep each row's largest sums (TopRows): here 3 of the 6 tokens'.
+    Returns the laws the runs make."""
+    monkeypatch.setattr(memory, "LAW_DENSE_MAX_BYTES", 0)
+    monkeypatch.setattr(memory, "LAW_MAX_KEPT", 3)
+    monkeypatch.setattr(memory, "LAW_MIN_KEPT", 3)
+    made: list = []
+    real_make = mixture_module.make_laws
+    monkeypatch.setattr(mixture_module, "make_laws", lambda *args: made.append(real_make(*args)) or made[-1])
+    return made
+
+
+def test_law_candidates_from_compact_rows_match_the_markov_marginals(monkeypatch):
+    # under the rule whose verification reads the law the candidates were drawn from
+    made = _compact_law_rows(monkeypatch)
+    changed = _law_candidate_rows(monkeypatch)
+    p_value, worst, _ = _markov_check(MIXTURE_CASES["budget_48_cfg"].with_(verify="rejection"), 1500, row_length=3)
+    assert made and all(isinstance(laws.left_sum, TopRows) and laws.left_sum.kept == 3 for laws in made)
+    assert sum(changed) > 0.5 * len(changed) > 0, "the law's candidates were not used"
+    assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
+
+
+def test_planted_compact_law_candidates_verified_as_draws_from_q_are_caught(monkeypatch):
+    # 1500 samples: p = 1e-31 (the same run verified against the law: the test above)
+    _compact_law_rows(monkeypatch)
+    _law_candidate_rows(monkeypatch)
+    monkeypatch.setattr(draft_module.Draft, "beside_proposals", property(lambda self: None))
+    p_value, _, _ = _markov_check(MIXTURE_CASES["budget_48_cfg"].with_(verify="rejection"), 1500, seed0=10**6,
+                                  row_length=3)
+    assert p_value < P_VALUE_PLANTED_MAX, f"compact-law candidates verified as draws from q went unnoticed: p = {p_value:.2e}"
 
 
 @pytest.mark.parametrize("name", list(MIXTURE_CASES))

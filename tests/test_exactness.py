@@ -24,7 +24,7 @@ import torch
 
 import sjd_pac_core as sp
 import sjd_pac_core.sampling.rules as rules
-from sjd_pac_core.engine import neighbour_laws
+from sjd_pac_core.models import memory
 from exactness_tools import (
     MarkovChain,
     RejectionConfig,
@@ -294,7 +294,8 @@ def markov_check(config: sp.SamplerConfig, samples: int, model: str = "ramp", se
     passes: list = []
     with pytest.MonkeyPatch.context() as patch:
         if not law:
-            patch.setattr(neighbour_laws, "MAX_BYTES", 0)
+            patch.setattr(memory, "LAW_DENSE_MAX_BYTES", 0)  # neither dense nor compact tables: as if
+            patch.setattr(memory, "LAW_COMPACT_MAX_BYTES", 0)  # the vocabulary were too large
         tokens = draw_sequences(chain.model(), CHAIN_PROMPT, chain.num_tokens, config, samples, seed0=seed0,
                                 passes=passes)
     p_value, worst = pair_laws_pvalue(tokens, chain.pair_laws(config))

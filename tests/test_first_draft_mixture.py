@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sjd_pac_core.engine import neighbour_laws
+from sjd_pac_core.models import memory
 from sjd_pac_core.engine.mixture import FirstDraftMixture
 
 CPU = torch.device("cpu")
@@ -53,7 +53,8 @@ def test_a_pass_at_another_position_does_not_score_the_redraw():
 
 
 def test_a_vocabulary_whose_laws_do_not_fit_leaves_the_law_out(monkeypatch):
-    monkeypatch.setattr(neighbour_laws, "MAX_BYTES", 3 * 3 * 4)  # one 3-token table, not two
+    monkeypatch.setattr(memory, "LAW_DENSE_MAX_BYTES", 3 * 3 * 4)  # one 3-token table, not two
+    monkeypatch.setattr(memory, "LAW_COMPACT_MAX_BYTES", 0)  # and no compact rows
     mixture = FirstDraftMixture()
     p = torch.tensor([[0.5, 0.5, 0.0]])
     mixture.learn(torch.tensor([1]), torch.tensor([3]), p, torch.zeros(6, dtype=torch.long), 3, row_length=2)

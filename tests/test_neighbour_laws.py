@@ -2,7 +2,9 @@
 
 import torch
 
-from sjd_pac_core.engine.neighbour_laws import FLOOR, NeighbourLaws
+from sjd_pac_core.engine.neighbour_laws import FLOOR, DenseRows, NeighbourLaws, TopRows, make_laws
+from sjd_pac_core.models import memory
+from sjd_pac_core.models.memory import law_row_entries, law_table_bytes
 
 V, ROW = 4, 3  # 4 tokens; a grid row of 3 positions
 ALL = torch.ones(V, dtype=torch.bool)
@@ -44,7 +46,7 @@ def test_only_final_tokens_above_and_positions_inside_the_image_count():
     laws = laws_after([1, 1], [5, 9], [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]], committed, 2)
     assert float(laws.above_count.sum()) == 0.0
     assert torch.equal(laws.left_count, torch.tensor([0.0, 1.0, 0.0, 0.0]))  # the p for position 9 is not kept
-    assert torch.allclose(laws.left_sum[1], torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    assert torch.allclose(laws.left_sum.read(torch.tensor([1]))[0], torch.tensor([0.0, 1.0, 0.0, 0.0]))
 
 
 def test_the_law_keeps_to_the_allowed_tokens_and_knows_when_it_has_seen_nothing():
@@ -87,3 +89,66 @@ def test_the_window_law_has_not_seen_neighbours_it_never_learned():
     laws = laws_after([2], [1], [[0.7, 0.1, 0.1, 0.1]], [0, 2, 0, 0], 2, row_length=0)
     _, seen = laws.window_law(2, torch.tensor([1, 2]), torch.tensor([0, 2, 0, 0]), torch.ones(2, V, dtype=torch.bool))
     assert seen.tolist() == [True, False]  # token 2 left of position 2; draft 1 left of 3: never seen
+
+
+def test_compact_rows_that_keep_every_entry_equal_dense_rows():
+    generator = torch.Generator().manual_seed(0)
+    dense, compact = DenseRows(6, torch.device("cpu")), TopRows(6, 6, torch.device("cpu"))
+    for _ in range(5):  # passes whose nodes repeat rows, as a pass's nodes repeat tokens
+        rows = torch.randint(0, 6, (7,), generator=generator)
+        p = torch.rand(7, 6, generator=generator)
+        p[p < 0.3] = 0.0
+        dense.add(rows, p)
+        compact.add(rows, p)
+    everyone = torch.arange(6)
+    assert torch.allclose(compact.read(everyone), dense.read(everyone), atol=1e-6)
+
+
+def test_compact_rows_keep_each_rows_largest_sums():
+    rows = TopRows(5, 2, torch.device("cpu"))
+    # row 3 gets two p's in one pass, row 1 one p: each p keeps its 2 largest entries, and each row
+    # the 2 largest of their sums (row 3: token 1 0.5 + 0.5, token 4 0.5, token 3 0.4 dropped)
+    rows.add(torch.tensor([3, 1, 3]), torch.tensor([[0.1, 0.5, 0.0, 0.4, 0.0],
+                                                    [0.0, 0.0, 0.2, 0.3, 0.5],
+                                                    [0.0, 0.5, 0.0, 0.0, 0.5]]))
+    assert torch.allclose(rows.read(torch.tensor([3, 1])), torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.5],
+                                                                         [0.0, 0.0, 0.0, 0.3, 0.5]]))
+    # a later pass adds to kept entries and may displace one: token 3 (0.95) displaces 4 (0.5)
+    rows.add(torch.tensor([3]), torch.tensor([[0.0, 0.25, 0.0, 0.95, 0.0]]))
+    assert torch.allclose(rows.read(torch.tensor([3])), torch.tensor([[0.0, 1.25, 0.0, 0.95, 0.0]]))
+    assert torch.equal(rows.read(torch.tensor([0, 2])), torch.zeros(2, 5))  # untouched rows stay empty
+
+
+def test_planted_control_a_merge_that_drops_the_rows_old_entries_is_caught(monkeypatch):
+    # The equality test above must be able to fail: the same merge, but each touched row starting
+    # from nothing (its old sums lost), differs from the dense sums after a second pass.
+    planted = TopRows(4, 4, torch.device("cpu"))
+    real_add = TopRows.add
+
+    def forgetting_add(self, rows, p):
+        self.sums.index_fill_(0, rows, 0.0)
+        real_add(self, rows, p)
+
+    dense = DenseRows(4, torch.device("cpu"))
+    monkeypatch.setattr(TopRows, "add", forgetting_add)
+    for rows, p in ((torch.tensor([1]), torch.tensor([[0.5, 0.5, 0.0, 0.0]])),
+                    (torch.tensor([1]), torch.tensor([[0.0, 0.5, 0.5, 0.0]]))):
+        planted.add(rows, p)
+        dense.add(rows, p)
+    assert not torch.allclose(planted.read(torch.tensor([1])), dense.read(torch.tensor([1])))
+
+
+def test_the_families_image_codes_get_compact_rows_the_memory_plan_counts_and_a_huge_vocabulary_none(monkeypatch):
+    assert law_row_entries(567) == 567  # the demo: dense
+    for codes in (8194, 16384, 32772):  # Lumina-mGPT's, Janus-Pro's and Emu3's sampled tokens
+        assert law_row_entries(codes) == memory.LAW_MAX_KEPT
+        laws = make_laws(codes, 48, torch.device("cpu"))
+        assert isinstance(laws.left_sum, TopRows) and laws.left_sum.kept == memory.LAW_MAX_KEPT
+        allocated = sum(t.numel() * t.element_size() for table in (laws.left_sum, laws.above_sum)
+                        for t in (table.ids, table.sums))
+        assert allocated == law_table_bytes(codes) <= memory.LAW_COMPACT_MAX_BYTES
+    assert law_row_entries(184622) == 15  # a whole text vocabulary: fewer sums a row
+    monkeypatch.setattr(memory, "LAW_DENSE_MAX_BYTES", 0)
+    monkeypatch.setattr(memory, "LAW_COMPACT_MAX_BYTES", 2 * 1001 * 7 * 12)  # fewer than LAW_MIN_KEPT a row
+    assert law_row_entries(1000) is None and make_laws(1000, 40, torch.device("cpu")) is None
+    assert law_table_bytes(1000) == 0

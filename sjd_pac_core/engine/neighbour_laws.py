@@ -14,37 +14,108 @@ The laws are built only from passes already verified and read before the pass th
 draft drawn from them, so verification stays exact under both rules. `engine/mixture.py` blends
 the law into the first draft at the weight the run's own passes score best.
 
-Two [V, V] tables (sums and counts per token): the laws are kept only where they fit
-`MAX_BYTES` (the demo model's 567 tokens take 2.6 MB; a vocabulary of tens of thousands of tokens
-would take gigabytes, and there the first draft keeps to the other two proposals).
+Two tables of summed p's, one row per token, and their counts, sized by the memory plan
+(`models.memory.law_row_entries`). Where two [V, V] tables fit (the demo model's 567 tokens take
+2.6 MB) the rows are dense (`DenseRows`). A 7B family's image codes (8,194 to 32,772 tokens:
+gigabytes dense) keep in each row only its 64 largest sums (`TopRows`: 13-50 MB): the tokens a
+law gives almost nothing to are the ones it would not propose anyway.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 
-MAX_BYTES = 256 * 2**20  # both tables together
+from ..models import memory
+
 FLOOR = 1e-6  # a token one law never saw still gets this much in the product (the other law may know it)
+
+
+class DenseRows:
+    """Summed p's per token, every entry kept: [V, V] floats."""
+
+    def __init__(self, vocab: int, device: torch.device) -> None:
+        self.sums = torch.zeros(vocab, vocab, device=device)
+
+    def add(self, rows: torch.Tensor, p: torch.Tensor) -> None:
+        """Add p[i] [V] to row rows[i] (rows may repeat)."""
+        self.sums.index_add_(0, rows, p)
+
+    def read(self, rows: torch.Tensor) -> torch.Tensor:
+        """[R, V]: the sums of rows `rows`."""
+        return self.sums[rows]
+
+
+class TopRows:
+    """Summed p's per token, each row keeping its `kept` largest entries: ids long [V + 1, kept]
+    and sums [V + 1, kept] (row V takes the entries a merge drops). Merging is fixed-shape tensor
+    work (a sort, segment sums, a rank within each row): no host sync, no loop."""
+
+    def __init__(self, vocab: int, kept: int, device: torch.device) -> None:
+        self.vocab, self.kept = vocab, kept
+        self.ids = torch.zeros(vocab + 1, kept, dtype=torch.long, device=device)
+        self.sums = torch.zeros(vocab + 1, kept, device=device)
+
+    def add(self, rows: torch.Tensor, p: torch.Tensor) -> None:
+        """Add p[i] [V] to row rows[i] (rows may repeat), then keep each row's largest sums."""
+        n, kept, vocab = rows.shape[0], self.kept, self.vocab
+        new_sums, new_ids = p.topk(min(kept, p.shape[-1]), dim=-1)
+        # each touched row's current entries once: with the first node that names it
+        order = torch.sort(rows, stable=True).indices
+        sorted_rows = rows[order]
+        first = torch.ones_like(sorted_rows, dtype=torch.bool)
+        first[1:] = sorted_rows[1:] != sorted_rows[:-1]
+        owner = torch.zeros_like(first).index_copy_(0, order, first)
+        old_sums = self.sums[rows] * owner.unsqueeze(1)
+        entry_rows = torch.cat([rows.unsqueeze(1).expand(n, kept), rows.unsqueeze(1).expand(n, new_ids.shape[1])], 1)
+        entry_ids = torch.cat([self.ids[rows], new_ids], 1).flatten()
+        entry_sums = torch.cat([old_sums, new_sums], 1).flatten()
+        entry_rows = entry_rows.flatten()
+        # one entry per (row, id): segment sums over the sorted keys
+        key_order = torch.sort(entry_rows * vocab + entry_ids, stable=True).indices
+        keys = (entry_rows * vocab + entry_ids)[key_order]
+        start = torch.ones_like(keys, dtype=torch.bool)
+        start[1:] = keys[1:] != keys[:-1]
+        segment = torch.cumsum(start.long(), 0) - 1
+        totals = torch.zeros_like(entry_sums).index_add_(0, segment, entry_sums[key_order])
+        merged_sums = torch.where(start, totals[segment], torch.full_like(totals, -1.0))
+        merged_rows, merged_ids = keys // vocab, keys % vocab
+        # the largest sums of each row first, then each entry's rank within its row
+        by_sum = torch.sort(merged_sums, descending=True, stable=True).indices
+        by_row = by_sum[torch.sort(merged_rows[by_sum], stable=True).indices]
+        final_rows = merged_rows[by_row]
+        row_start = torch.ones_like(final_rows, dtype=torch.bool)
+        row_start[1:] = final_rows[1:] != final_rows[:-1]
+        index = torch.arange(final_rows.shape[0], device=rows.device)
+        rank = index - torch.cummax(torch.where(row_start, index, torch.zeros_like(index)), 0).values
+        keep = (rank < kept) & (merged_sums[by_row] >= 0)
+        target = torch.where(keep, final_rows, torch.full_like(final_rows, vocab))  # dropped: row V
+        slot = torch.where(keep, rank, torch.zeros_like(rank))
+        self.ids.index_fill_(0, rows, 0)
+        self.sums.index_fill_(0, rows, 0.0)
+        self.ids[target, slot] = torch.where(keep, merged_ids[by_row], torch.zeros_like(slot))
+        self.sums[target, slot] = torch.where(keep, merged_sums[by_row], torch.zeros_like(merged_sums[by_row]))
+
+    def read(self, rows: torch.Tensor) -> torch.Tensor:
+        """[R, V]: the kept sums of rows `rows` (0 elsewhere)."""
+        dense = torch.zeros(rows.shape[0], self.vocab, device=self.sums.device, dtype=self.sums.dtype)
+        return dense.scatter_add_(1, self.ids[rows], self.sums[rows])
 
 
 class NeighbourLaws:
     """Average p behind each token (the token to the left) and below each token (the token
     `row_length` positions back, with a grid), from every node of the passes verified so far."""
 
-    def __init__(self, vocab: int, row_length: int, device: torch.device) -> None:
+    def __init__(self, vocab: int, row_length: int, device: torch.device, kept: Optional[int] = None) -> None:
+        """kept: the sums a row keeps (None or >= vocab: every one, dense rows)."""
+        def table() -> Union[DenseRows, TopRows]:
+            return DenseRows(vocab, device) if kept is None or kept >= vocab else TopRows(vocab, kept, device)
         self.row_length = row_length
-        self.left_sum = torch.zeros(vocab, vocab, device=device)
+        self.left_sum = table()
         self.left_count = torch.zeros(vocab, device=device)
-        self.above_sum = torch.zeros(vocab, vocab, device=device) if row_length else None
+        self.above_sum = table() if row_length else None
         self.above_count = torch.zeros(vocab, device=device) if row_length else None
-
-    @staticmethod
-    def fit(vocab: int, row_length: int) -> bool:
-        """Whether the tables for a vocabulary of `vocab` tokens fit MAX_BYTES."""
-        tables = 2 if row_length else 1
-        return tables * vocab * vocab * 4 <= MAX_BYTES
 
     def add(self, tokens: torch.Tensor, positions: torch.Tensor, p: torch.Tensor, committed: torch.Tensor,
             num_committed: int) -> None:
@@ -52,14 +123,14 @@ class NeighbourLaws:
         `positions[i]`; `committed[:num_committed]` are final. Device ops only (no host sync)."""
         num_tokens = committed.shape[0]
         inside = (positions < num_tokens).to(p.dtype)  # a pass near the end feeds past the image
-        self.left_sum.index_add_(0, tokens, p * inside.unsqueeze(-1))
+        self.left_sum.add(tokens, p * inside.unsqueeze(-1))
         self.left_count.index_add_(0, tokens, inside)
         if self.above_sum is None:
             return
         up = positions - self.row_length
         known = ((up >= 0) & (up < num_committed)).to(p.dtype) * inside  # the token above is final
         above = committed.index_select(0, up.clamp(0, num_tokens - 1))
-        self.above_sum.index_add_(0, above, p * known.unsqueeze(-1))
+        self.above_sum.add(above, p * known.unsqueeze(-1))
         self.above_count.index_add_(0, above, known)
 
     def law(self, position: int, committed: torch.Tensor, allowed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -91,12 +162,13 @@ class NeighbourLaws:
         return weights / weights.sum(-1, keepdim=True).clamp(min=1e-30), experts > 0
 
     @staticmethod
-    def _log_law(sums: torch.Tensor, counts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def _log_law(sums: Union[DenseRows, TopRows], counts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """[R, V]: log of the average p behind each token (0 where it was never seen)."""
         count = counts[tokens].unsqueeze(1)
-        return torch.log((sums[tokens] / count.clamp(min=1.0)).clamp(min=FLOOR)) * (count > 0)
+        return torch.log((sums.read(tokens) / count.clamp(min=1.0)).clamp(min=FLOOR)) * (count > 0)
 
 
 def make_laws(vocab: int, row_length: int, device: torch.device) -> Optional[NeighbourLaws]:
-    """The run's laws, or None where their tables would not fit MAX_BYTES."""
-    return NeighbourLaws(vocab, row_length, device) if NeighbourLaws.fit(vocab, row_length) else None
+    """The run's laws, dense or compact (`law_row_entries`), or None where not even compact rows fit."""
+    kept = memory.law_row_entries(vocab, 2 if row_length else 1)
+    return None if kept is None else NeighbourLaws(vocab, row_length, device, kept)

@@ -17,7 +17,8 @@ activation peak of the largest pass, and compares the sum with the free memory o
     KV cache    layers x 2 x rows x kv_heads x capacity x head_dim x bytes,
                 capacity = prompt + image tokens + the largest pass or probe + 1 (engine/loop.py)
     activations the largest pass's logits over the restricted head (fp32, three copies), its
-                attention scores and masks over the whole cache, and its MLP activations
+                attention scores and masks over the whole cache, and its MLP activations, and
+                the sampler's neighbour-law tables (`law_table_bytes`)
 """
 
 from __future__ import annotations
@@ -202,6 +203,32 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
+# The run's neighbour laws (engine/neighbour_laws.py): two tables with a row per token, dense
+# [V, V] floats where both fit LAW_DENSE_MAX_BYTES, else each row's largest sums (an id and a sum,
+# 12 bytes each) within LAW_COMPACT_MAX_BYTES, at most LAW_MAX_KEPT a row; no law below LAW_MIN_KEPT.
+LAW_DENSE_MAX_BYTES = 256 * 2**20
+LAW_COMPACT_MAX_BYTES = 64 * 2**20
+LAW_MAX_KEPT = 64
+LAW_MIN_KEPT = 8  # fewer would not fill a tree's first level
+
+
+def law_row_entries(vocab: int, tables: int = 2) -> Optional[int]:
+    """Sums a row of the neighbour-law tables keeps for `vocab` tokens: vocab (dense), fewer
+    (compact), or None (no law)."""
+    if tables * vocab * vocab * 4 <= LAW_DENSE_MAX_BYTES:
+        return vocab
+    kept = min(LAW_MAX_KEPT, LAW_COMPACT_MAX_BYTES // (tables * (vocab + 1) * 12))
+    return kept if kept >= LAW_MIN_KEPT else None
+
+
+def law_table_bytes(vocab: int, tables: int = 2) -> int:
+    """Device bytes of the neighbour-law tables for `vocab` tokens (`law_row_entries`)."""
+    kept = law_row_entries(vocab, tables)
+    if kept is None:
+        return 0
+    return tables * vocab * vocab * 4 if kept >= vocab else tables * (vocab + 1) * kept * 12
+
+
 def _bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
@@ -230,7 +257,7 @@ def activation_bytes(shape: FamilyShape, rows: int, entries: int, nodes: int, dt
     attention = rows * shape.heads * nodes * entries * size * 2
     masks = rows * nodes * entries * size * 2
     mlp = rows * nodes * (shape.intermediate * 3 + shape.hidden * 4) * size
-    return logits + attention + masks + mlp
+    return logits + attention + masks + mlp + law_table_bytes(shape.sampler_vocab)
 
 
 def plan_memory(

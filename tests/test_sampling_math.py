@@ -115,10 +115,17 @@ def _level_output(p: torch.Tensor, q: torch.Tensor, k: int, valid_override=None)
     if valid_override is not None:
         valid = valid_override(valid)
     accept, final = verify.recursive_rejection_rows(p_rows, q_rows, cands, valid)
+    return _first_accepted_law(prob, cands, accept, final)
+
+
+def _first_accepted_law(prob: torch.Tensor, cands: torch.Tensor, accept: torch.Tensor,
+                        final: torch.Tensor) -> torch.Tensor:
+    """The output law over every way of filling a level (way i with probability prob[i]): the
+    first accepted candidate in slot order wins, else a draw from the final residual."""
     accept, final = accept.double(), final.double()
-    out = torch.zeros(len(prob), p.shape[0], dtype=torch.float64)
-    reach = torch.ones(len(prob), dtype=torch.float64)
-    for j in range(k):
+    out = torch.zeros(cands.shape[0], final.shape[-1], dtype=torch.float64)
+    reach = torch.ones(cands.shape[0], dtype=torch.float64)
+    for j in range(cands.shape[1]):
         out.scatter_add_(1, cands[:, j : j + 1], (reach * accept[:, j]).unsqueeze(1))
         reach = reach * (1 - accept[:, j])
     out += reach.unsqueeze(1) * final
@@ -196,14 +203,7 @@ def _beside_output(p: torch.Tensor, q: torch.Tensor, law: torch.Tensor, k: int, 
     valid = verify.beside_validity(law.expand(len(rows), -1), cands[:, 0], k)
     accept, final = verify.recursive_rejection_rows(p.expand(len(rows), -1), q.expand(len(rows), -1), cands, valid,
                                                     law.expand(len(rows), -1) if pass_law else None)
-    accept, final = accept.double(), final.double()
-    out = torch.zeros(len(rows), p.shape[0], dtype=torch.float64)
-    reach = torch.ones(len(rows), dtype=torch.float64)
-    for j in range(k):
-        out.scatter_add_(1, cands[:, j : j + 1], (reach * accept[:, j]).unsqueeze(1))
-        reach = reach * (1 - accept[:, j])
-    out += reach.unsqueeze(1) * final
-    return (torch.tensor(probs, dtype=torch.float64).unsqueeze(1) * out).sum(0)
+    return _first_accepted_law(torch.tensor(probs, dtype=torch.float64), cands, accept, final)
 
 
 def test_recursive_rejection_rows_is_exact_with_candidates_from_another_law():

@@ -32,6 +32,13 @@ from ..models import memory
 FLOOR = 1e-6  # a token one law never saw still gets this much in the product (the other law may know it)
 
 
+def run_starts(ordered: torch.Tensor) -> torch.Tensor:
+    """bool like `ordered` (1-d, equal values adjacent): True where a run of equal values starts."""
+    start = torch.ones_like(ordered, dtype=torch.bool)
+    start[1:] = ordered[1:] != ordered[:-1]
+    return start
+
+
 class DenseRows:
     """Summed p's per token, every entry kept: [V, V] floats."""
 
@@ -63,20 +70,15 @@ class TopRows:
         new_sums, new_ids = p.topk(min(kept, p.shape[-1]), dim=-1)
         # each touched row's current entries once: with the first node that names it
         order = torch.sort(rows, stable=True).indices
-        sorted_rows = rows[order]
-        first = torch.ones_like(sorted_rows, dtype=torch.bool)
-        first[1:] = sorted_rows[1:] != sorted_rows[:-1]
-        owner = torch.zeros_like(first).index_copy_(0, order, first)
+        owner = torch.zeros_like(rows, dtype=torch.bool).index_copy_(0, order, run_starts(rows[order]))
         old_sums = self.sums[rows] * owner.unsqueeze(1)
         entry_rows = torch.cat([rows.unsqueeze(1).expand(n, kept), rows.unsqueeze(1).expand(n, new_ids.shape[1])], 1)
         entry_ids = torch.cat([self.ids[rows], new_ids], 1).flatten()
         entry_sums = torch.cat([old_sums, new_sums], 1).flatten()
         entry_rows = entry_rows.flatten()
         # one entry per (row, id): segment sums over the sorted keys
-        key_order = torch.sort(entry_rows * vocab + entry_ids, stable=True).indices
-        keys = (entry_rows * vocab + entry_ids)[key_order]
-        start = torch.ones_like(keys, dtype=torch.bool)
-        start[1:] = keys[1:] != keys[:-1]
+        keys, key_order = torch.sort(entry_rows * vocab + entry_ids, stable=True)
+        start = run_starts(keys)
         segment = torch.cumsum(start.long(), 0) - 1
         totals = torch.zeros_like(entry_sums).index_add_(0, segment, entry_sums[key_order])
         merged_sums = torch.where(start, totals[segment], torch.full_like(totals, -1.0))
@@ -85,10 +87,8 @@ class TopRows:
         by_sum = torch.sort(merged_sums, descending=True, stable=True).indices
         by_row = by_sum[torch.sort(merged_rows[by_sum], stable=True).indices]
         final_rows = merged_rows[by_row]
-        row_start = torch.ones_like(final_rows, dtype=torch.bool)
-        row_start[1:] = final_rows[1:] != final_rows[:-1]
         index = torch.arange(final_rows.shape[0], device=rows.device)
-        rank = index - torch.cummax(torch.where(row_start, index, torch.zeros_like(index)), 0).values
+        rank = index - torch.cummax(torch.where(run_starts(final_rows), index, torch.zeros_like(index)), 0).values
         keep = (rank < kept) & (merged_sums[by_row] >= 0)
         target = torch.where(keep, final_rows, torch.full_like(final_rows, vocab))  # dropped: row V
         slot = torch.where(keep, rank, torch.zeros_like(rank))

@@ -54,6 +54,13 @@ def tensor_bytes(value: Any) -> int:
     return sum(storages.values())
 
 
+def field_tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors held directly in a dataclass's fields, each storage once: no walk
+    through its containers (a tree layout's host tuples are thousands of ints)."""
+    return tensor_bytes(tuple(v for v in (getattr(value, f.name) for f in dataclasses.fields(value))
+                              if isinstance(v, torch.Tensor)))
+
+
 def _devices(value: Any) -> set:
     return {t.device for t in _tensors(value)}
 

@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
 
+import numpy as np
 import torch
 
-from ..bounded_cache import MIB, bounded_by_bytes, tensor_bytes
+from ..bounded_cache import MIB, bounded_by_bytes, field_tensor_bytes
 from ..config import SamplerConfig
 from ..models.base import TokenModel
 from ..models.causal_lm import as_token_model
@@ -132,45 +133,43 @@ class PassShape:
               device: torch.device) -> "PassShape":
         s = layout.num_nodes
         pad = envelope - s
-        paths = ((),) + layout.shape.paths
-        own = {owner: r for r, owner in enumerate(layout.shape.own_rows)}  # node path -> its own row
-        rows = levels + len(own)
+        index = {(): 0}  # the few nodes that own a proposal: path -> node
+        owners = np.full(s, -1, dtype=np.int64)  # node -> its own row (-1: none)
+        if layout.shape.own_rows:
+            index = {path: node for node, path in enumerate(((),) + layout.shape.paths)}
+            owners[[index[owner] for owner in layout.shape.own_rows]] = np.arange(len(layout.shape.own_rows))
+        rows = levels + len(layout.shape.own_rows)
         pad_source = 1 + rows * width + window  # the padding token's index in the flat source
-        depths, slots = layout.node_depths, layout.node_slots
+        depths = np.asarray(layout.node_depths, dtype=np.int64)
+        slots = np.asarray(layout.node_slots, dtype=np.int64)
+        parents = np.asarray(layout.node_parents, dtype=np.int64)
+        # Each node's index in the flat source: the root; a candidate of its parent's own row, or of
+        # its depth's position row; past the candidate rows, the window's draft (slot 0 only).
+        owner_row = owners[np.maximum(parents, 0)]
+        source = np.where(depths < levels + 1, 1 + (depths - 1) * width + slots, 1 + rows * width + (depths - 1))
+        source = np.where(owner_row >= 0, 1 + (levels + owner_row) * width + slots, source)
+        source[0] = 0
+        assert not np.any((depths > levels) & (owner_row < 0) & (slots > 0)), "a slot beyond 0 outside the candidate rows"
+        counts = np.bincount(parents[1:], minlength=s)
+        k = max(1, int(counts.max(initial=0)))
+        child_source = np.full((s, k), pad_source, dtype=np.int64)
+        child_source[parents[1:], slots[1:]] = source[1:]  # a node's children are its slots 0..k-1
 
-        def source(node: int) -> int:
-            d, slot = depths[node], slots[node]
-            if d == 0:
-                return 0
-            parent = paths[node][:-1]
-            if parent in own:
-                return 1 + (levels + own[parent]) * width + slot
-            if d - 1 < levels:
-                return 1 + (d - 1) * width + slot
-            assert slot == 0, "a slot beyond 0 outside the candidate rows"
-            return 1 + rows * width + (d - 1)
-
-        token_source = [source(node) for node in range(s)] + [pad_source] * pad  # once per shape
-        k = max(1, layout.max_children)
-        child_source = [[source(c) for c in kids] + [pad_source] * (k - len(kids)) for kids in layout.children]
-        counts = [len(kids) for kids in layout.children]
-
-        def nodes(keep) -> torch.Tensor:
-            return copy_to_device(torch.tensor([u for u, c in enumerate(counts) if keep(c)], dtype=torch.long),
-                                  device)
+        def nodes(keep: np.ndarray) -> torch.Tensor:
+            return copy_to_device(torch.from_numpy(np.flatnonzero(keep)), device)
 
         # a node's children were drawn from its depth's window q, or from its own row's
-        q_rows = [window + own[paths[u]] if paths[u] in own else min(depths[u], max(window - 1, 0)) for u in range(s)]
+        q_rows = np.where(owners >= 0, window + owners, np.minimum(depths, max(window - 1, 0)))
         attend = torch.eye(envelope, dtype=torch.bool)
         attend[:s, :s] = layout.attend
         return PassShape(
             layout=layout, envelope=envelope, levels=levels,
             depths=copy_to_device(torch.cat([layout.depths, torch.zeros(pad, dtype=torch.long)]), device),
             attend=copy_to_device(attend, device),
-            token_source=copy_to_device(torch.tensor(token_source, dtype=torch.long), device),
-            child_source=copy_to_device(torch.tensor(child_source, dtype=torch.long), device),
-            q_rows=copy_to_device(torch.tensor(q_rows, dtype=torch.long), device),
-            single=nodes(lambda c: c == 1), multi=nodes(lambda c: c > 1), leaves=nodes(lambda c: c == 0),
+            token_source=copy_to_device(torch.from_numpy(np.concatenate([source, np.full(pad, pad_source)])), device),
+            child_source=copy_to_device(torch.from_numpy(child_source), device),
+            q_rows=copy_to_device(torch.from_numpy(q_rows), device),
+            single=nodes(counts == 1), multi=nodes(counts > 1), leaves=nodes(counts == 0),
         )
 
     def children(self, flat_tokens: torch.Tensor, flat_valid: torch.Tensor) -> NodeChildren:
@@ -182,7 +181,7 @@ class PassShape:
 # A large pass shape holds an envelope x envelope mask (and its layout), and a run near the
 # image's end meets a new one every pass: kept up to a number of bytes (on a GPU also a small
 # share of its memory), the least recently used out.
-@bounded_by_bytes(64 * MIB, device_fraction=0.01, weigh=lambda shape: tensor_bytes(shape) + layout_bytes(shape.layout))
+@bounded_by_bytes(64 * MIB, device_fraction=0.01, weigh=lambda shape: field_tensor_bytes(shape) + layout_bytes(shape.layout))
 def pass_shape(layout: TreeLayout, levels: int, width: int, window: int, envelope: int,
                device: torch.device) -> PassShape:
     """The PassShape of a layout, built once per process (a run uses a handful: chain and tree

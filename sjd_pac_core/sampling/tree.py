@@ -25,9 +25,10 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Iterable, Sequence, Tuple
 
+import numpy as np
 import torch
 
-from ..bounded_cache import MIB, bounded_by_bytes, tensor_bytes
+from ..bounded_cache import MIB, bounded_by_bytes, field_tensor_bytes
 
 Path = Tuple[int, ...]  # slots from the root's child down to the node; () is the root
 
@@ -151,8 +152,9 @@ class TreeLayout:
     attend: torch.Tensor  # bool [S, S]: node i may attend to node j (j is i or an ancestor)
     children: Tuple[Tuple[int, ...], ...]  # per node, its children's node indices by slot
     main_nodes: Tuple[int, ...]  # the main branch (slot 0 at every depth), root first
-    node_depths: Tuple[int, ...]  # depths and slots as host ints (for host-side bookkeeping)
+    node_depths: Tuple[int, ...]  # parents, depths and slots as host ints (for host-side bookkeeping)
     node_slots: Tuple[int, ...]
+    node_parents: Tuple[int, ...]
 
     @property
     def num_nodes(self) -> int:
@@ -165,7 +167,7 @@ class TreeLayout:
     def ancestors_path(self, node: int) -> list:
         """Nodes from the root's first child down to `node` (root excluded)."""
         path = []
-        parents = self.parents.tolist()
+        parents = self.node_parents
         while node > 0:
             path.append(node)
             node = parents[node]
@@ -174,7 +176,21 @@ class TreeLayout:
 
 def layout_bytes(layout: TreeLayout) -> int:
     """Bytes a cached layout keeps alive: its tensors and its shape."""
-    return tensor_bytes(layout) + shape_bytes(layout.shape)
+    return field_tensor_bytes(layout) + shape_bytes(layout.shape)
+
+
+def ancestor_mask(parents: np.ndarray) -> np.ndarray:
+    """bool [S, S]: [i, j] when node j is i or one of its ancestors (parents[0] = -1, the root).
+    Pointer doubling: after round k a row holds the ancestors less than 2**k up, so a tree of
+    depth D takes log2(D) rounds of whole-array steps, not one step per depth or per node."""
+    n = parents.shape[0]
+    attend = np.eye(n, dtype=bool)
+    jump = parents.copy()
+    while (jump >= 0).any():
+        has = jump >= 0
+        attend[has] |= attend[jump[has]]
+        jump = np.where(has, jump[np.maximum(jump, 0)], -1)
+    return attend
 
 
 @bounded_by_bytes(64 * MIB, max_entries=512, weigh=layout_bytes)
@@ -184,28 +200,22 @@ def tree_layout(shape: TreeShape) -> TreeLayout:
     for path in shape.paths:
         index[path] = len(index)
     n = len(index)
-    parents = [-1] + [index[p[:-1]] for p in shape.paths]
+    parents = np.fromiter((index[p[:-1]] for p in shape.paths), dtype=np.int64, count=n - 1)
+    parents = np.concatenate([np.full(1, -1, dtype=np.int64), parents])
     depths = [0] + [len(p) for p in shape.paths]
     slots = [0] + [p[-1] for p in shape.paths]
-    kids: list = [[] for _ in range(n)]
-    for node in range(1, n):
-        kids[parents[node]].append(node)
-    children = tuple(tuple(sorted(c, key=lambda node: slots[node])) for c in kids)
+    # children by slot: a shape's children of one parent are its slots 0..k-1 (TreeShape.check)
+    order = np.lexsort((np.asarray(slots), parents))[1:].tolist()  # by parent, then slot; the root first
+    bounds = np.searchsorted(parents[order], np.arange(n + 1)).tolist()
+    children = tuple(tuple(order[bounds[u] : bounds[u + 1]]) for u in range(n))
     main = [0]
     while children[main[-1]]:
         main.append(children[main[-1]][0])
-    parents_t = torch.tensor(parents, dtype=torch.long)
-    depths_t = torch.tensor(depths, dtype=torch.long)
-    # attend[i, j]: j is i or one of its ancestors: a node's row is its parent's plus itself,
-    # filled one depth at a time (a gather per depth, not a product of n x n matrices).
-    attend = torch.eye(n, dtype=torch.bool)
-    for d in range(1, max(depths) + 1):  # the tree's depth, not its node count
-        nodes = (depths_t == d).nonzero().flatten()
-        attend[nodes] |= attend[parents_t[nodes]]
     return TreeLayout(
-        shape=shape, parents=parents_t, depths=depths_t,
-        candidate_index=torch.tensor(slots, dtype=torch.long), attend=attend, children=children,
-        main_nodes=tuple(main), node_depths=tuple(depths), node_slots=tuple(slots),
+        shape=shape, parents=torch.from_numpy(parents), depths=torch.tensor(depths, dtype=torch.long),
+        candidate_index=torch.tensor(slots, dtype=torch.long), attend=torch.from_numpy(ancestor_mask(parents)),
+        children=children, main_nodes=tuple(main), node_depths=tuple(depths), node_slots=tuple(slots),
+        node_parents=tuple(parents.tolist()),
     )
 
 

@@ -129,7 +129,7 @@ def test_best_tree_is_the_best_tree_when_only_acceptance_counts():
         return _path_chance(win, classes, path)
 
     for size in range(1, 7):
-        tree = bd.best_tree(win, classes, size, max_width=2, chain_value=0.0, refresh_value=0.0)
+        tree = bd.greedy_tree(win, classes, size, max_width=2, chain_value=0.0, refresh_value=0.0)
         best = max(sum(chance(p) for p in t) for t in _all_trees(3, 2, size))
         assert len(tree.paths) == size and tree.expected[-1] == pytest.approx(best), size
         assert tree.expected[-1] == pytest.approx(sum(chance(p) for p in tree.paths))
@@ -155,12 +155,12 @@ def test_a_weak_second_candidate_does_not_block_strong_ones_behind_it():
     win[2] = (0.8, 0.1, 0.05)
     classes = (1, 2)
     for size in range(1, 8):
-        tree = bd.best_tree(win, classes, size, max_width=3, chain_value=0.0, refresh_value=0.0)
+        tree = bd.greedy_tree(win, classes, size, max_width=3, chain_value=0.0, refresh_value=0.0)
         best = max(sum(_path_chance(win, classes, p) for p in t) for t in _all_trees(2, 3, size))
         assert len(tree.paths) == size and tree.expected[-1] == pytest.approx(best), size
         assert tree.expected[-1] == pytest.approx(sum(_path_chance(win, classes, p) for p in tree.paths))
         TreeShape(tree.paths).check()
-    assert (2,) in bd.best_tree(win, classes, 4, max_width=3, chain_value=0.0, refresh_value=0.0).paths
+    assert (2,) in bd.greedy_tree(win, classes, 4, max_width=3, chain_value=0.0, refresh_value=0.0).paths
 
 
 def test_best_tree_is_valid_and_every_prefix_is_a_tree():
@@ -169,7 +169,7 @@ def test_best_tree_is_valid_and_every_prefix_is_a_tree():
     for _ in range(300):
         table.add(int(rng.integers(1, bd.CLASSES)), int(rng.integers(1, 8)), int(rng.integers(-1, 4)))
     classes = bd.position_classes(20, 30, after_leaf=True)
-    tree = bd.best_tree(table.win_probabilities(), classes, 128, max_width=16, leaf_value=0.7)
+    tree = bd.greedy_tree(table.win_probabilities(), classes, 128, max_width=16, leaf_value=0.7)
     assert len(tree.paths) == 128 and tree.window <= 30
     TreeShape(tree.paths).check()
     assert (0,) * tree.window in tree.paths and (0,) * (tree.window + 1) not in tree.paths
@@ -179,6 +179,84 @@ def test_best_tree_is_valid_and_every_prefix_is_a_tree():
         TreeShape(part.paths).check()
         assert all(len(p) <= part.window for p in part.paths) and len(part.widths) == part.window
     assert list(tree.expected) == sorted(tree.expected)
+
+
+def _in_ranked_family(path) -> bool:
+    """A node ranked_tree values: the main chain, a candidate beside it, or one of the first
+    BRANCH_DEPTH first children below such a candidate."""
+    sides = [pos for pos, slot in enumerate(path) if slot]
+    return not sides or (len(sides) == 1 and len(path) - 1 - sides[0] <= bd.BRANCH_DEPTH)
+
+
+def test_ranked_tree_is_the_best_tree_of_its_family_when_only_acceptance_counts():
+    """With no leaf, chain or refresh value, the ranked tree holds the most expected accepted
+    drafts of every valid tree made of its superset's nodes (brute force, 4 positions, 2 slots:
+    branches two deep fit)."""
+    win = np.zeros((bd.CLASSES, 2))
+    win[1] = (0.5, 0.3)
+    win[2] = (0.7, 0.2)
+    win[3] = (0.9, 0.05)
+    win[4] = (0.6, 0.35)
+    classes = (1, 2, 3, 4)
+    for size in range(1, 9):
+        tree = bd.ranked_tree(win, classes, size, max_width=2, chain_value=0.0, refresh_value=0.0)
+        family = (t for t in _all_trees(4, 2, size) if all(map(_in_ranked_family, t)))
+        best = max(sum(_path_chance(win, classes, p) for p in t) for t in family)
+        assert len(tree.paths) == size and tree.expected[-1] == pytest.approx(best), size
+        assert tree.expected[-1] == pytest.approx(sum(_path_chance(win, classes, p) for p in tree.paths))
+        assert all(map(_in_ranked_family, tree.paths))
+
+
+def _random_table(rng) -> bd.AcceptanceTable:
+    table = bd.AcceptanceTable()
+    for _ in range(int(rng.integers(0, 60))):
+        table.age()
+        for _ in range(int(rng.integers(1, 30))):
+            width = int(rng.integers(1, bd.MAX_SLOTS + 1))
+            table.add(int(rng.integers(0, bd.CLASSES)), width, int(rng.integers(-1, width)))
+    return table
+
+
+def test_ranked_tree_is_valid_and_every_prefix_is_a_tree():
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        window = int(rng.integers(1, 80))
+        classes = bd.position_classes(int(rng.integers(0, window + 1)), window, bool(rng.integers(0, 2)))
+        budget = int(rng.choice([1, 8, 32, 128, 256]))
+        tree = bd.ranked_tree(_random_table(rng).win_probabilities(), classes, budget,
+                              max_width=int(rng.integers(1, bd.MAX_SLOTS + 1)), leaf_value=float(rng.uniform(0, 5)),
+                              min_chain=int(rng.integers(0, 60)))
+        assert 0 < len(tree.paths) <= budget and tree.window <= window
+        TreeShape(tree.paths).check()
+        assert all(len(p) <= tree.window for p in tree.paths)  # no node past the main chain
+        for k in {1, len(tree.paths) // 3, len(tree.paths) // 2}:
+            part = tree.first(max(k, 1))
+            TreeShape(part.paths).check()
+            assert all(len(p) <= part.window for p in part.paths) and len(part.widths) == part.window
+        assert list(tree.expected) == sorted(tree.expected)
+
+
+def test_ranked_tree_adds_nodes_in_the_greedys_order():
+    """Where the greedy's whole tree lies in the ranked superset and every run of slots fits
+    (a budget far above the nodes worth anything), the two add the same nodes first: the
+    ranking by least gain on the way in is the greedy's order, found without a heap. At least
+    ten such cases must occur, so the comparison cannot pass by never running."""
+    rng = np.random.default_rng(1)
+    compared = 0
+    for _ in range(300):
+        window = int(rng.integers(1, 60))
+        classes = bd.position_classes(int(rng.integers(0, window + 1)), window, bool(rng.integers(0, 2)))
+        win = _random_table(rng).win_probabilities()
+        args = dict(max_width=int(rng.integers(1, bd.MAX_SLOTS + 1)), leaf_value=float(rng.uniform(0, 5)),
+                    min_chain=int(rng.integers(0, 60)))
+        greedy = bd.greedy_tree(win, classes, 4096, **args)
+        if not all(map(_in_ranked_family, greedy.paths)):
+            continue
+        ranked = bd.ranked_tree(win, classes, 4096, **args)
+        half = len(greedy.paths) // 2  # the first half: every run still fits the nodes left
+        assert set(ranked.paths[:half]) == set(greedy.paths[:half])
+        compared += 1
+    assert compared >= 10
 
 
 def test_fastest_budget_follows_the_cost_curve():

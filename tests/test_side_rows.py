@@ -113,10 +113,10 @@ def test_best_tree_values_own_rows_by_their_own_class():
     win[:, 0] = 0.5
     win[1, 1] = 0.4  # a side candidate at the first position wins often
     win[bd.OWN_ROW, 0] = 0.9  # and its own child too
-    tree = bd.best_tree(win, bd.position_classes(6, 6, False), 12, 8, own_rows=True)
+    tree = bd.greedy_tree(win, bd.position_classes(6, 6, False), 12, 8, own_rows=True)
     assert (1, 0) in tree.paths and (1,) in tree.own_rows
     win[bd.OWN_ROW, 0] = 0.0
-    assert (1, 0) not in bd.best_tree(win, bd.position_classes(6, 6, False), 12, 8, own_rows=True).paths
+    assert (1, 0) not in bd.greedy_tree(win, bd.position_classes(6, 6, False), 12, 8, own_rows=True).paths
 
 
 # --- exactness ----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from counts kept over the run's passes so far:
   their own (`OWN_ROW`, by how far behind it): their drafts come from other proposals.
 
 A node lies on the accepted path with the product of its slots' win probabilities along its path
-(the first accepted candidate in draw order wins). `best_tree` adds nodes best gain first, as in
+(the first accepted candidate in draw order wins). The tree holds the nodes of largest gain, as in
 EAGLE-2's tree construction; a node's gain is
 
 * its chance to be accepted (the expected accepted drafts of a tree are the sum of its nodes'),
@@ -41,6 +41,12 @@ and fourth). So a side candidate is valued by the best run of candidates it open
 gain per node of slots s..s+k-1 together (`run_means`), as the concave hull of a separable
 allocation; a weak slot then joins when the run behind it is worth its nodes, and the strong
 slots after it follow at once. Near the budget's end a run counts only the nodes still free.
+
+Two ways to choose the tree from these gains: `ranked_tree` values every node of a fixed superset
+(the main chain, candidates beside it, short branches below them) in a few array operations and
+keeps the best; `greedy_tree` adds nodes one at a time from a heap and reaches any shape (own
+rows too), at a few hundred host steps per pass. The drafter uses the first; on the demo's
+held-out prompts it also commits more tokens per pass (docs/benchmark.md).
 
 The counts come from passes already verified and the tree is chosen before its pass; the classes
 depend only on the committed tokens' passes (never on a draft's value), so no choice sees the
@@ -76,6 +82,9 @@ REFRESH_DECAY = 0.97  # per position
 CHAIN_PASSES = 8.0
 # The budgets node_budget="auto" chooses among (a pass is padded to its budget).
 BUDGET_CHOICES: Tuple[int, ...] = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # up to config.MAX_AUTO_BUDGET
+# The first children below a side candidate that `ranked_tree` values (counted on the demo's
+# held-out prompts: 2 levels beat 0 and 3 within 32-256 nodes).
+BRANCH_DEPTH = 2
 
 
 def position_classes(carried: int, window: int, after_leaf: bool) -> Tuple[int, ...]:
@@ -225,11 +234,12 @@ def path_class(classes: Sequence[int], path: Path, deviation: int, own_rows: boo
     return classes[pos] if deviation < 0 else after_deviation(classes[pos], pos - deviation)
 
 
-def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: int, leaf_value: float = 0.0,
-              chain_value: float = CHAIN_VALUE, refresh_value: float = REFRESH_VALUE,
-              refresh_decay: float = REFRESH_DECAY, min_chain: int = 0, own_rows: bool = False) -> BudgetTree:
+def greedy_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: int, leaf_value: float = 0.0,
+                chain_value: float = CHAIN_VALUE, refresh_value: float = REFRESH_VALUE,
+                refresh_decay: float = REFRESH_DECAY, min_chain: int = 0, own_rows: bool = False) -> BudgetTree:
     """The tree of at most `budget` nodes with the largest gain (the module docstring), the main
-    chain's first `min_chain` nodes first.
+    chain's first `min_chain` nodes first, added node by node: any shape, own rows included.
+    The drafter uses `ranked_tree` (the same gains in array operations) where there are no own rows.
 
     win: [CLASSES, slots] win probabilities (AcceptanceTable.win_probabilities); classes: the
     class of each window position there is a draft for. A node joins only after its parent, its
@@ -239,6 +249,13 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
     window = len(classes)
     width_cap = max(1, min(max_width, win.shape[1]))
     runs = run_means(win, width_cap)
+    # The heap's few hundred entries read host floats (a numpy scalar per read costs ~10x more):
+    # the table as lists, and each slot's best run while the whole run fits the nodes left
+    # (`free` >= the slots up to the cap; nearer the budget's end the run is looked up again).
+    win_rows = win.tolist()
+    best_run = runs.argmax(axis=2)  # [classes, slots]: the first longest-mean run, less one
+    best_runs = (best_run + 1).tolist()
+    best_means = np.take_along_axis(runs, best_run[..., None], axis=2)[..., 0].tolist()
 
     # A frontier entry: (-gain, path, parent's last deviation (-1: none), parent's chance, parent's
     # reach, node's chance, node's reach, nodes of the run its gain counts, the nodes free then).
@@ -248,7 +265,7 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
     def entry(path: Path, parent_dev: int, parent_chance: float, parent_reach: float, free: int) -> tuple:
         pos, slot = len(path) - 1, path[-1]
         cls = path_class(classes, path, parent_dev, own_rows)
-        p_win = win[cls, slot]
+        p_win = win_rows[cls][slot]
         chance = parent_chance * p_win
         decay = refresh_decay ** pos
         run = 1
@@ -260,10 +277,13 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
             per_win = (1.0 + leaf_value) * parent_chance + refresh_value * decay * parent_reach
             if slot == 0:  # the first child of a side leaf, which stops being one
                 gain = per_win * p_win - leaf_value * parent_chance
+            elif free >= width_cap - slot:  # every run from this slot fits
+                run = best_runs[cls][slot]
+                gain = per_win * best_means[cls][slot]
             else:
                 means = runs[cls, slot, :max(1, free)]
                 run = int(np.argmax(means)) + 1
-                gain = per_win * means[run - 1]
+                gain = per_win * float(means[run - 1])
         return (-gain, path, parent_dev, parent_chance, parent_reach, chance, reach, run, free)
 
     chosen: List[Path] = []
@@ -299,6 +319,82 @@ def best_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: i
             else:
                 waiting.append(child)
     return BudgetTree.of(chosen, expected, own_rows)
+
+
+def ranked_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: int, leaf_value: float = 0.0,
+                chain_value: float = CHAIN_VALUE, refresh_value: float = REFRESH_VALUE,
+                refresh_decay: float = REFRESH_DECAY, min_chain: int = 0,
+                branch_depth: int = BRANCH_DEPTH) -> BudgetTree:
+    """The tree of at most `budget` nodes by the gains `greedy_tree` adds them by, chosen in a few array
+    operations instead of node by node: every node of a fixed superset is valued at once and
+    the `budget` best are kept, as EAGLE-2 reranks its draft tree.
+
+    The superset: the main chain (one node per window position), candidates 1.. beside every
+    main-chain node, and below each candidate the chain of its first children `branch_depth`
+    deep (what the greedy takes, after its first passes; a candidate beside a branch node is
+    left out). A node's value is the least gain on its way in: its own and that of every node
+    it needs first (its parent, the slot before it, the main chain's node at its position).
+    Ranked by value, prerequisites first on ties, every prefix of the ranking is a valid tree,
+    and the ranking is the order the greedy adds the same nodes in while every run of slots
+    still fits the nodes left (near the budget's end the greedy prices runs by the nodes left).
+    """
+    window = len(classes)
+    width = max(1, min(max_width, win.shape[1]))
+    if not window or budget <= 0:
+        return BudgetTree.of((), (), own_rows=False)
+    cls = np.asarray(classes)
+    decay = refresh_decay ** np.arange(window)
+    # 1. The main chain: node j holds position j's draft; its parent is node j - 1 (the root).
+    chance = np.cumprod(win[cls, 0])
+    parent_chance = np.concatenate([np.ones(1), chance[:-1]])
+    main_gain = chance + chain_value * decay + 2.0 * (np.arange(window) < min_chain)  # the floor first
+    main_value = np.minimum.accumulate(main_gain)
+    # 2. Candidates 1.. at position j (siblings of main node j), each valued by the best run of
+    #    slots it opens, as in greedy_tree: [window, width - 1].
+    best_run = run_means(win, width).max(axis=2)[cls, 1:width]
+    per_win = (1.0 + leaf_value) * parent_chance + refresh_value * decay
+    side_value = np.minimum.accumulate(np.concatenate([main_value[:, None], per_win[:, None] * best_run], 1),
+                                       axis=1)[:, 1:]
+    side_win = win[cls, 1:width]
+    values, chances = [main_value, side_value.ravel()], [chance, (parent_chance[:, None] * side_win).ravel()]
+    # 3. Branches: the first child e levels below candidate (j, s), at position j + e, whose
+    #    class counts its distance from the candidate (after_deviation): [window - e, width - 1].
+    above_chance, above_reach, above_value = parent_chance[:, None] * side_win, side_win, side_value
+    for e in range(1, min(branch_depth, window - 1) + 1):
+        at = cls[e:]
+        p = win[np.where(at == NEW, NEW, np.minimum(at, e)), 0][:, None]
+        above_chance, above_reach, above_value = above_chance[:-1], above_reach[:-1], above_value[:-1]
+        per_win = (1.0 + leaf_value) * above_chance + refresh_value * decay[e:, None] * above_reach
+        gain = per_win * p - leaf_value * above_chance  # a side leaf's first child: the leaf stops being one
+        above_value = np.minimum(np.minimum(gain, above_value), main_value[e:, None])
+        above_chance, above_reach = above_chance * p, above_reach * p
+        values.append(above_value.ravel())
+        chances.append(above_chance.ravel())
+    value = np.concatenate(values)
+    order = np.lexsort((np.arange(value.size), -value))[:budget]  # prerequisites come first in the superset
+    order = order[value[order] > 0]
+    return BudgetTree.of(superset_paths(order, window, width - 1), np.cumsum(np.concatenate(chances)[order]),
+                         own_rows=False)
+
+
+def superset_paths(nodes: np.ndarray, window: int, sides: int) -> List[Path]:
+    """The slot paths of `ranked_tree`'s superset nodes by index: the main chain's `window`,
+    then `sides` candidates per position, then each branch level's (window - e) x sides."""
+    paths: List[Path] = []
+    zeros = [(0,) * k for k in range(window + 1)]
+    for node in nodes.tolist():  # the chosen nodes' paths, for the tree shape
+        if node < window:
+            paths.append(zeros[node + 1])
+            continue
+        node -= window
+        level, rows = 0, window
+        while node >= rows * sides:  # which branch level (a few)
+            node -= rows * sides
+            level += 1
+            rows = window - level
+        j, slot = divmod(node, sides)
+        paths.append(zeros[j] + (slot + 1,) + zeros[level])
+    return paths
 
 
 def fastest_budget(expected: Sequence[float], pass_seconds: Callable[[int], float],

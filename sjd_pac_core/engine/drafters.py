@@ -32,8 +32,8 @@ from ..sampling.recipe import SamplingRecipe
 from ..sampling.rules import NodeChildren
 from ..sampling.tree import TreeShape, level_tree_shape, one_deviation_leaves, tree_layout
 from ..transfer import to_device
-from .budget import (MAX_SLOTS, AcceptanceTable, DecayedMean, best_tree, chain_floor, fastest_budget, path_class,
-                     position_classes)
+from .budget import (MAX_SLOTS, AcceptanceTable, DecayedMean, chain_floor, fastest_budget, greedy_tree, path_class,
+                     position_classes, ranked_tree)
 from .draft import Draft, DraftWindow, TreeDraft
 from .mixture import FirstDraftMixture
 from .neighbour_laws import NeighbourLaws
@@ -417,9 +417,13 @@ class BudgetDrafter(PACDrafter):
         classes = position_classes(carried, len(window), self.after_leaf)
         leaf_value = max(0.0, self.accepted_after[True].mean - self.accepted_after[False].mean)
         vocab = int(window.q.shape[-1])
-        tree = best_tree(self.table.win_probabilities(), classes, self.budget, min(self.max_width, vocab),
-                         leaf_value=leaf_value, min_chain=chain_floor(self.tokens_per_pass.mean, self.budget),
-                         own_rows=self.side_rows)
+        win, width = self.table.win_probabilities(), min(self.max_width, vocab)
+        min_chain = chain_floor(self.tokens_per_pass.mean, self.budget)
+        if self.side_rows:  # own rows sit below side candidates: only the node-by-node greedy reaches them
+            tree = greedy_tree(win, classes, self.budget, width, leaf_value=leaf_value, min_chain=min_chain,
+                               own_rows=True)
+        else:
+            tree = ranked_tree(win, classes, self.budget, width, leaf_value=leaf_value, min_chain=min_chain)
         nodes = self.budget
         if self.cost is not None:
             nodes = fastest_budget(tree.expected, self.pass_seconds) or self.budget

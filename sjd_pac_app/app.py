@@ -302,7 +302,7 @@ class SjdPacApp:
             return (gr.skip(),) * 6 + (stats_html(summary), message, summary)
         cards = (gr.skip(),) * 3 if status in ("loading", "progress", "waiting") else tuple(
             compare_card(m, {"status": "skipped"}) for m in METHODS)
-        return (gr.skip(),) * 4 + cards + (compare_summary_html({}, "", 0, status), message, summary)
+        return (gr.skip(),) * 7 + cards + (compare_summary_html({}, "", 0, status), message, summary)
 
     def _image_for(self, model: sp.ARImageModel, update: Update, record: dict) -> Any:
         if update.result is not None:
@@ -392,7 +392,10 @@ class SjdPacApp:
 
     def _compare_outputs(self, summaries: Dict[str, Dict[str, Any]], images: List[Any], overall: str,
                          seed: Optional[int], verify: str, repeats: int, errors: Sequence[str], notes: Sequence[str],
-                         select_tab: bool = False, record: Optional[dict] = None) -> tuple:
+                         select_tab: bool = False, record: Optional[dict] = None,
+                         lives: Optional[List[Any]] = None) -> tuple:
+        """Compare's outputs: tabs, the 3 image panels, the 3 live panels (`lives`; as `_pictures`),
+        the 3 cards, the summary, the message and the JSON report."""
         report: Dict[str, Any] = {"status": overall, "seed": seed, "verify": verify, "repeats": repeats,
                                   "methods": summaries}
         if record:  # the comparison's settings: every method's but the method
@@ -402,6 +405,7 @@ class SjdPacApp:
         return (
             gr.Tabs(selected="compare") if select_tab else gr.skip(),
             *images,
+            *(lives or [gr.skip()] * len(METHODS)),
             *(compare_card(m, summaries.get(m)) for m in METHODS),
             compare_summary_html(summaries, verify, seed, overall, repeats),
             message_md(errors, notes),
@@ -416,6 +420,7 @@ class SjdPacApp:
         tokens: Dict[str, Any] = {}
         first = True
         notes = list(encoding.warnings)
+        live_shown: set = set()  # methods whose live panel has replaced their image panel
         for repeat in range(repeats):
             for method in METHODS:
                 live = repeat == 0  # later repeats only time the runs: no frames
@@ -423,12 +428,17 @@ class SjdPacApp:
                                                 settings.negative_prompt, encoding.resolution, self.interval,
                                                 frames=live):
                     images: List[Any] = [gr.skip()] * 3
+                    lives: List[Any] = [gr.skip()] * 3
                     if update.kind == "finished":
                         seed = update.result.seed
                     record = settings.record(model, seed, config.with_(method=method))
+                    if live:  # its picture: inline while it runs, in the image panel once it ends
+                        column = METHODS.index(method)
+                        images[column], lives[column] = self._pictures(model, update, record,
+                                                                       first=method not in live_shown)
+                        live_shown.add(method)
                     if update.kind in ("progress", "finished") and live:
                         summaries[method] = run_summary(update.stats, update.kind, update.elapsed)
-                        images[METHODS.index(method)] = self._image_for(model, update, record)
                     if update.kind == "finished":
                         times[method].append(update.stats.wall_time)
                         if live:
@@ -448,13 +458,14 @@ class SjdPacApp:
                                      + "; memory freed.")
                         yield self._compare_outputs(summaries, images, update.kind, seed, config.verify, repeats,
                                                     errors, [stop_note] if update.kind == "stopped" else [],
-                                                    record=record)
+                                                    record=record, lives=lives)
                         return
                     all_done = repeat == repeats - 1 and method == METHODS[-1] and update.kind == "finished"
                     if not live and not all_done and update.kind != "finished":
                         continue
                     yield self._compare_outputs(summaries, images, "finished" if all_done else "progress", seed,
-                                                config.verify, repeats, [], notes, select_tab=first, record=record)
+                                                config.verify, repeats, [], notes, select_tab=first, record=record,
+                                                lives=lives)
                     first = False
 
     @staticmethod

@@ -31,6 +31,7 @@ MAX_DEPTH_FIELD = 8  # the D slider's top (the budget allows D = 6 at K = 2 and 
 # Gradio's queue. Each waiting run holds a server thread, so the number is bounded.
 RUNS_AT_ONCE = 8
 IMAGE_HEIGHT = 420  # px: the image panel, and the live picture in its place while a run goes on
+COMPARE_IMAGE_HEIGHT = 300  # px: the same for each method on the Compare tab
 MAX_WIDTH_FIELD = 16
 
 CSS = """
@@ -71,14 +72,16 @@ CSS = """
 .yes {color: #15803d;} .no {color: #b91c1c;}
 #compare-summary {font-size: 15px;}
 img {max-width: 100%;}
-.pixel-art img, #live-image img.pixelated {image-rendering: pixelated;}  /* small models' token patches stay sharp */
+.pixel-art img, .live-frame img.pixelated {image-rendering: pixelated;}  /* small models' token patches stay sharp */
 @media (max-width: 600px) {
   .gradio-container {padding-left: 8px !important; padding-right: 8px !important;}
   .stat-grid {grid-template-columns: repeat(2, minmax(0, 1fr));}
 }
-""" + f"""#live-image .live-frame {{height: {IMAGE_HEIGHT}px; border: 1px solid var(--border-color-primary);
-  border-radius: 8px; background: var(--background-fill-secondary);}}
-#live-image img {{width: 100%; height: 100%; object-fit: contain; display: block;}}
+""" + f"""#live-image .live-frame {{height: {IMAGE_HEIGHT}px;}}
+.compare-live .live-frame {{height: {COMPARE_IMAGE_HEIGHT}px;}}
+.live-frame {{border: 1px solid var(--border-color-primary); border-radius: 8px;
+  background: var(--background-fill-secondary);}}
+.live-frame img {{width: 100%; height: 100%; object-fit: contain; display: block;}}
 """
 
 # The fields whose list only suggests values (TYPED_FIELDS): Enter keeps what was typed.
@@ -285,15 +288,17 @@ def build(app: Any) -> gr.Blocks:
                             repeats = gr.Number(value=DEFAULT_REPEATS, precision=None, label="Repeats",
                                                 info="interleaved runs per method; speedup = ratio of medians",
                                                 elem_id="compare-repeats", scale=1, min_width=140)
-                        cmp_images, cmp_cards = [], []
+                        cmp_images, cmp_lives, cmp_cards = [], [], []
                         with gr.Row():
                             for m in METHODS:
                                 with gr.Column(min_width=200):
+                                    cmp_lives.append(gr.HTML(visible=False, elem_id=f"compare-live-{m}",
+                                                             elem_classes=["compare-live"]))
                                     cmp_images.append(gr.Image(
                                         plots.placeholder_image(text=METHOD_LABELS[m]), type="pil",
                                         format="png", interactive=False, label=METHOD_LABELS[m],
                                         alt_text=f"The picture {METHOD_LABELS[m]} sampled",
-                                        height=300, elem_id=f"compare-image-{m}",
+                                        height=COMPARE_IMAGE_HEIGHT, elem_id=f"compare-image-{m}",
                                         elem_classes=pixel_classes))
                                     cmp_cards.append(gr.HTML(compare_card(m, None),
                                                              elem_id=f"compare-card-{m}"))
@@ -362,7 +367,8 @@ def build(app: Any) -> gr.Blocks:
         cmp_check = cmp_btn.click(app.check_compare, cmp_inputs, [message, cmp_ticket, cmp_summary],
                                   preprocess=False, **instant)
         cmp_check.success(app.gate, cmp_ticket, None, preprocess=False, **instant).success(
-            app.compare, [*cmp_inputs, cmp_ticket], [tabs, *cmp_images, *cmp_cards, cmp_summary, message, cmp_json],
+            app.compare, [*cmp_inputs, cmp_ticket],
+            [tabs, *cmp_images, *cmp_lives, *cmp_cards, cmp_summary, message, cmp_json],
             api_name="compare", preprocess=False, **common)
         # Not queued: Stop must act while the sampler's slot is busy and on queued runs. The button
         # posts to the API's /stop itself, without credentials (STOP_JS); the hidden button only

@@ -97,8 +97,10 @@ def args_for(spec: str, model: sp.ARImageModel, **changes) -> List[object]:
     return [values[name] for name in ARG_NAMES]
 
 
-# Generate's outputs, by position (layout.build wires them in this order).
+# Generate's outputs, by position (layout.build wires them in this order), and Compare's: the
+# three image panels, the three live panels, the three cards, the summary.
 TABS, IMAGE, LIVE, DOWNLOAD, PASS_CHART, HIST_CHART, STATS, MESSAGE, SUMMARY = range(9)
+CMP_IMAGES, CMP_LIVES, CMP_CARDS, CMP_SUMMARY = slice(1, 4), slice(4, 7), slice(7, 10), 10
 
 
 def panel_image(frame: tuple):
@@ -401,13 +403,18 @@ def test_compare_runs_all_three_interleaved_and_gumbel_is_token_identical(app, a
     finals = {}
     for out in outputs:
         for i, m in enumerate(("ar", "sjd", "sjd_pac")):
-            if hasattr(out[1 + i], "size"):
-                finals[m] = out[1 + i]
+            panel = out[CMP_IMAGES][i]
+            picture = panel.get("value") if isinstance(panel, dict) else panel
+            if hasattr(picture, "size"):
+                finals[m] = picture
     assert set(finals) == {"ar", "sjd", "sjd_pac"}
     assert finals["ar"].tobytes() == finals["sjd"].tobytes() == finals["sjd_pac"].tobytes()
-    cards = outputs[-1][4:7]
+    cards = outputs[-1][CMP_CARDS]
     assert all('data-status="finished"' in c for c in cards) and cards[2].count('class="yes"') == 1
-    assert "1 run" in cards[1] and "a single wall-clock measurement is noisy" in outputs[-1][7]
+    assert "1 run" in cards[1] and "a single wall-clock measurement is noisy" in outputs[-1][CMP_SUMMARY]
+    for column in range(3):  # each method's picture came inline while it ran; its live panel is hidden at its end
+        updates = [o[CMP_LIVES][column] for o in outputs if "visible" in o[CMP_LIVES][column]]
+        assert any("data:image/png;base64," in u["value"] for u in updates) and updates[-1]["visible"] is False
 
 
 def test_compare_speedup_is_the_ratio_of_median_wall_times():
@@ -436,7 +443,7 @@ def test_stop_in_compare_leaves_every_card_final(app, app_model):
     assert final[-1]["status"] == "stopped"
     statuses = [final[-1]["methods"][m]["status"] for m in ("ar", "sjd", "sjd_pac")]
     assert statuses == ["stopped", "skipped", "skipped"]
-    assert all("waiting" not in card for card in final[4:7]) and "Not run" in final[6]
+    assert all("waiting" not in card for card in final[CMP_CARDS]) and "Not run" in final[CMP_CARDS][2]
 
 
 def test_a_run_stopped_while_queued_never_starts(app, app_model, monkeypatch):
@@ -450,7 +457,7 @@ def test_a_run_stopped_while_queued_never_starts(app, app_model, monkeypatch):
         outputs = list(handler(*args_for(spec, model), *extra, ticket=ticket))
         assert outputs[-1][-1]["status"] == "stopped" and "before it started" in outputs[-1][-2]
     assert started == []
-    final_cards = outputs[-1][4:7]
+    final_cards = outputs[-1][CMP_CARDS]
     assert all('data-status="skipped"' in card for card in final_cards)
     monkeypatch.undo()
     _, ticket, _ = app.check(*args_for(spec, model))  # a new click after the stop runs normally

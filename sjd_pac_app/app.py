@@ -174,8 +174,9 @@ class SjdPacApp:
         ticket: object = None,
         request: Optional[gr.Request] = None,
     ) -> Iterator[tuple]:
-        """One image, streamed. Outputs: tabs, image, download, per-pass chart, histogram, stats,
-        message, JSON. `ticket`: the click's, from `check` (none from the API)."""
+        """One image, streamed. Outputs: tabs, image, live picture, download, per-pass chart,
+        histogram, stats, message, JSON. `ticket`: the click's, from `check` (none from the API);
+        the run waits for the sampler in its order (SamplerSlot)."""
         key = session_key(request)
         order = ticket_value(ticket)
         stop = self.jobs.begin(key, order, "generate")
@@ -222,7 +223,8 @@ class SjdPacApp:
     ) -> Iterator[tuple]:
         """AR, SJD and SJD-PAC with the same prompt and seed (`method` is ignored), `repeats`
         times interleaved (AR, SJD, SJD-PAC, AR, ...) so that the speedup, a ratio of median wall
-        times, is not one noisy measurement. Outputs: tabs, 3 images, 3 cards, summary, message, JSON."""
+        times, is not one noisy measurement. Outputs: tabs, 3 images, 3 live pictures, 3 cards, summary,
+        message, JSON."""
         key = session_key(request)
         order = ticket_value(ticket)
         stop = self.jobs.begin(key, order, "compare")

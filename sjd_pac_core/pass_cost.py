@@ -108,7 +108,8 @@ def running_slower_than_ar(config: SamplerConfig, passes: int, tokens_per_pass: 
     if not _judged(config) or tokens_per_pass * CLEARLY_SLOWER >= ratio:
         return None
     return (f"Its first {passes} passes committed {tokens_per_pass:.2f} tokens each, but even the fastest of them "
-            f"cost {ratio:.2f} one-token passes on {device}, so this run is going slower than AR; {_fix(config, auto, budget_auto=budget_auto)}.")
+            f"cost {ratio:.2f} one-token passes on {device}, so this run is going slower than AR; "
+            f"{_fix(config, auto, budget_auto=budget_auto)}.")
 
 
 @dataclass

@@ -610,7 +610,8 @@ def test_the_node_budget_reaches_the_run_and_its_record(app, app_model):
     assert not ticket and "set the method to sjd_pac" in message and "node budget to 0 (off)" in message
     frames = list(app.generate(*args_for(spec, model, window="auto", node_budget="auto")))
     final = frames[-1]
-    assert "node budget auto picked" in final[SUMMARY]["budget_picked"] and final[SUMMARY]["budget_picked"] in final[STATS]
+    picked = final[SUMMARY]["budget_picked"]
+    assert "node budget auto picked" in picked and picked in final[STATS]
     assert all("node budget auto picked" in f[STATS] for f in frames[1:] if f[SUMMARY]["status"] == "progress")
 
 

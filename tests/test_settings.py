@@ -264,6 +264,7 @@ def test_the_auto_budget_says_what_it_picked():
 
     auto = sp.SamplerConfig(node_budget="auto")
     assert auto_budget_line(auto, [0, 49, 49]) == "node budget auto picked 48 nodes per pass"
-    assert auto_budget_line(auto, [0, 33, 49, 49, 65]) == "node budget auto picked 32 to 64 nodes per pass, 48 on most passes"
+    assert auto_budget_line(auto, [0, 33, 49, 49, 65]) == ("node budget auto picked 32 to 64 nodes per pass, "
+                                                          "48 on most passes")
     assert auto_budget_line(auto, [0]) is None  # nothing picked yet
     assert auto_budget_line(sp.SamplerConfig(node_budget=64), [0, 65]) is None  # a fixed budget is in the settings line

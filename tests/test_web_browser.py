@@ -193,4 +193,5 @@ def test_the_front_end_sees_a_refusal_once(tmp_path):
           return null;
         }""")
     assert out == [{"type": "custom_validation_failed", "message": "Custom validation failed for node",
-                    "details": "temperature must be > 0, got 0.0; use 1.0.", "extra_info": {"input_name": "temperature"}}]
+                    "details": "temperature must be > 0, got 0.0; use 1.0.",
+                    "extra_info": {"input_name": "temperature"}}]

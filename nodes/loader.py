@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import sjd_pac_core as sp
 from sjd_pac_core.models.loader import DEMO_NAME, folder_resolutions, resolve_device
@@ -56,6 +56,21 @@ def resolutions_for_choice(name: str) -> Dict[str, Any]:
     except (ValueError, OSError) as exc:  # ModelLoadError is a ValueError
         return {"model": name, "error": str(exc)}
     return {"model": name, "family": family, "resolutions": list(sizes) if sizes is not None else None}
+
+
+def quantize_problem(model: Any, quantize: Any) -> Optional[str]:
+    """Why `quantize` cannot load the loader choice `model`, from its folder's config.json alone, or
+    None (a linked input, None, is checked when the node runs)."""
+    if quantize is None:
+        return None
+    if quantize not in QUANTIZE:
+        return f"quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}; try none."
+    if quantize in ("none", "auto") or model is None:
+        return None
+    if resolutions_for_choice(model).get("family") == "demo":  # a few MB in its own format
+        return (f"The {model} model is small and always loads whole and unquantized; set quantize to none "
+                "(quantization is for Lumina-mGPT, Emu3 and Janus-Pro).")
+    return None
 
 
 class LoadARImageModel:
@@ -110,11 +125,12 @@ class LoadARImageModel:
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, model: str):
-        # Only `model`: ComfyUI checks dtype and device against their lists itself.
+    def VALIDATE_INPUTS(cls, model: str, quantize: Any = None):
+        # `model` (the folders change while ComfyUI runs) and `quantize` (the demo loads whole): ComfyUI
+        # leaves both to this check, before anything runs; it checks dtype and device against their lists.
         if model is not None and model not in model_choices():
             return _missing_model_message(model)
-        return True
+        return quantize_problem(model, quantize) or True
 
     def load(self, model: str, dtype: str, device: str, quantize: str = "none",
              check_finite: bool = False) -> Tuple[ModelHandle]:

@@ -92,7 +92,7 @@ KNOBS: Dict[str, Tuple[Any, dict]] = {
         "default": MODEL_DEFAULT, "min": -1, "max": TREE_WIDTH_MAX, "step": 1,
         "tooltip": "Tree width K of Proactive Drafting (sjd_pac): at most K candidate tokens per tree level; "
                    f"the cost grows as K^(D-1). {_FROM_MODEL} (demo 4, the others {_BASE.tree_width} as in the "
-                   "paper). Must not exceed top_k.",
+                   "paper). Candidates beyond top_k can never be accepted (SJD Stats warns).",
     }),
     "verify": (VERIFY_CHOICES, {
         "default": "gumbel",
@@ -144,15 +144,6 @@ def budget_setting(node_budget: Any) -> Any:
     return "auto" if node_budget == AUTO_BUDGET else node_budget
 
 
-def check_tree_fits_top_k(config: SamplerConfig) -> None:
-    """Proactive Drafting draws K distinct candidates, so K must not exceed top-k when both are on."""
-    if config.use_pd and config.top_k and config.tree_width > config.top_k:
-        raise ConfigError(
-            f"tree_width (K) = {config.tree_width} is larger than top_k = {config.top_k}; lower tree_width to "
-            f"at most {config.top_k} or raise top_k."
-        )
-
-
 def make_config(
     method: str, window: int, tree_depth: int, tree_width: int, verify: str,
     cfg_scale: float, temperature: float, top_k: int, top_p: float, defaults: Optional[sp.FamilyDefaults] = None,
@@ -161,7 +152,7 @@ def make_config(
     """Widget values -> SamplerConfig through settings.config_from_settings: -1 takes `defaults`
     (the loaded model's), window 0 is 'auto', top_k 0 and top_p 1.0 are off, node_budget 0 is off
     and -1 'auto'; raises ConfigError."""
-    config = config_from_settings(
+    return config_from_settings(
         defaults, method=method, verify=verify,
         window="auto" if window == 0 else _from_widget(window),
         tree_depth=_from_widget(tree_depth), tree_width=_from_widget(tree_width),
@@ -169,8 +160,22 @@ def make_config(
         top_k=_from_widget(top_k), top_p=_from_widget(top_p), compile=compile,
         node_budget=budget_setting(node_budget),
     )
-    check_tree_fits_top_k(config)
-    return config
+
+
+def widget_problem(method: Any = None, window: Any = None, tree_depth: Any = None, tree_width: Any = None,
+                   verify: Any = None, cfg_scale: Any = None, temperature: Any = None, top_k: Any = None,
+                   top_p: Any = None, compile: Any = None, node_budget: Any = None) -> Optional[str]:
+    """The sentence make_config refuses these widget values with, before any model is loaded, or
+    None: the one conversion, with the library's defaults standing in for the model's (-1) and for
+    linked inputs (None; both are checked again with the model's own when the node runs). Every
+    (D, K) the widgets allow fits the tree budget with any family's defaults, so a stand-in never
+    refuses what the model would accept."""
+    try:
+        make_config(method, window, tree_depth, tree_width, verify, cfg_scale, temperature, top_k, top_p,
+                    compile=compile, node_budget=node_budget)
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def record_in_pnginfo(extra_pnginfo: Any, node_id: Optional[str], record: Dict[str, Any]) -> None:
@@ -186,17 +191,19 @@ def record_in_pnginfo(extra_pnginfo: Any, node_id: Optional[str], record: Dict[s
 class LiveReporter:
     """The per-pass callback: Cancel check, progress bar, live preview, chart events."""
 
-    PREVIEW_EVERY = 4  # passes between previews...
-    PREVIEW_MIN_INTERVAL = 0.25  # ...and at least this many seconds (the first and last always)
+    # A preview costs a VQ decode: at most one per this many seconds (the first and last always),
+    # by the clock and not by pass count, so slow passes still get one each.
+    PREVIEW_MIN_INTERVAL = 0.25
     EVENT_MIN_INTERVAL = 0.1  # seconds between chart messages (per-pass counts are batched)
 
     def __init__(self, model: sp.ARImageModel, resolution: Optional[str], node_id: Optional[str],
-                 batch_size: int, method: str) -> None:
+                 batch_size: int, config: SamplerConfig) -> None:
         self.model = model
         self.resolution = resolution
         self.node_id = None if node_id is None else str(node_id)
         self.batch_size = batch_size
-        self.method = method
+        self.method = config.method
+        self.auto_budget = config.node_budget == "auto"  # the chart says what each pass picked
         self.image = -1
         self.sink: Optional[comfy_bridge.ProgressSink] = None
         self.pending: List[int] = []
@@ -213,9 +220,7 @@ class LiveReporter:
         now = time.perf_counter()
         done = record.total_committed >= n
         preview = None
-        if done or record.index == 0 or (
-            record.index % self.PREVIEW_EVERY == 0 and now - self.last_preview >= self.PREVIEW_MIN_INTERVAL
-        ):
+        if done or record.index == 0 or now - self.last_preview >= self.PREVIEW_MIN_INTERVAL:
             preview = self._preview(progress.tokens)
             self.last_preview = now
         self.sink.update(self.image * n + record.total_committed, preview)
@@ -245,6 +250,8 @@ class LiveReporter:
             "committed": stats.tokens_committed,
             "num_tokens": progress.num_tokens,
             "step_compression": round(stats.step_compression, 4),
+            # node_budget 'auto': the nodes its last pass picked (the envelope counts the root too)
+            "budget": progress.record.envelope - 1 if self.auto_budget and progress.record.envelope else None,
             "done": done,
         })
         self.pending = []
@@ -257,7 +264,7 @@ def pace_of(model, prompt: str, negative_prompt: str, resolution: Optional[str],
     try:
         encoding = model.encode_prompt(prompt, negative_prompt, resolution)
         with torch_threads(threads_for(model)):  # timed as the run will run
-            return run_pace(model, encoding, config, auto="window 0 (auto)")
+            return run_pace(model, encoding, config, auto="window 0 (auto)", budget_auto="node_budget -1 (auto)")
     except Exception:
         log.debug("sjd-pac: the pass-cost check failed", exc_info=True)
         return RunPace(config, None)
@@ -271,7 +278,7 @@ def run_sampler(
     model = handle.get()
     res = None if resolution in (None, "", "default") else resolution
     model.check_resolution(res)  # a clear error before any model work
-    reporter = LiveReporter(model, res, node_id, batch_size, config.method)
+    reporter = LiveReporter(model, res, node_id, batch_size, config)
     pace = pace_of(model, prompt, negative_prompt, res, config)
     slow = [pace.before] if pace.before else []
     if slow:  # said before the run, in the console; SJD Stats repeats it
@@ -361,10 +368,19 @@ class SJDPACSampler:
             "hidden": {"unique_id": "UNIQUE_ID", "extra_pnginfo": "EXTRA_PNGINFO"},
         }
 
-    # No VALIDATE_INPUTS: ComfyUI then checks every knob against its own range (one message per
-    # wrong input), and the widget ranges of D and K cannot exceed the tree budget. The one
-    # cross-knob rule (K <= top-k) needs the model's defaults and is checked in `sample`, before
-    # any model work, as one sentence (a VALIDATE_INPUTS naming four inputs showed it four times).
+    # ComfyUI's own check of an input is its widget range, and -1 (the model's value) leaves gaps
+    # inside it that the sampler refuses (temperature 0, top_p 0, D or K 0), and two rules tie
+    # knobs together (a node budget needs sjd_pac's tree; 'auto' cannot be compiled). Those knobs
+    # are named here: ComfyUI then leaves them to this check (the one conversion, so the sentence is
+    # the CLI's and the app's) and refuses the prompt before anything runs, the node outlined in
+    # red. It repeats a refusal for every input named; the web extension shows it once
+    # (sjd_pac_errors.js). The other knobs keep ComfyUI's range and list checks.
+    @classmethod
+    def VALIDATE_INPUTS(cls, method: Any = None, tree_depth: Any = None, tree_width: Any = None,
+                        cfg_scale: Any = None, temperature: Any = None, top_p: Any = None, compile: Any = None,
+                        node_budget: Any = None):
+        return widget_problem(method=method, tree_depth=tree_depth, tree_width=tree_width, cfg_scale=cfg_scale,
+                              temperature=temperature, top_p=top_p, compile=compile, node_budget=node_budget) or True
 
     def sample(self, model: ModelHandle, prompt: str, negative_prompt: str, resolution: str, seed: int,
                cfg_scale: float, temperature: float, top_k: int, top_p: float, method: str, window: int,
@@ -404,6 +420,10 @@ class SJDPACTextToImage:
             "optional": {"node_budget": KNOBS["node_budget"]},  # optional, at the end: older workflows load
             "hidden": {"unique_id": "UNIQUE_ID", "extra_pnginfo": "EXTRA_PNGINFO"},
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, method: Any = None, node_budget: Any = None):
+        return widget_problem(method=method, node_budget=node_budget) or True  # as the sampler's
 
     def generate(self, model: ModelHandle, prompt: str, seed: int, method: str,
                  upscale_to: int = DEFAULT_UPSCALE_TO, upscale_method: str = "nearest", node_budget: int = 0,

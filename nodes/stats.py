@@ -6,7 +6,7 @@ from typing import List, Optional, Tuple
 
 from PIL import Image, ImageDraw, ImageFont
 
-from sjd_pac_core.settings import settings_line
+from sjd_pac_core.settings import auto_budget_line, settings_line
 
 from . import speedup
 from .datatypes import SJD_STATS, SJDStats
@@ -25,6 +25,11 @@ def summarize(stats: SJDStats, baseline: Optional[SJDStats]) -> str:
     lines += [
         f"{name} on {stats.model_name}, seed {stats.seed}, {stats.resolution}, {len(stats.runs)} image(s)",
         f"settings: {settings_line(stats.config, stats.threads)}",
+    ]
+    picked = auto_budget_line(stats.config, [r.envelope for run in stats.runs for r in run.records])
+    if picked:  # what 'auto' chose, which the settings line cannot say
+        lines.append(picked)
+    lines += [
         f"forward passes: {stats.forward_passes} for {stats.tokens_committed} tokens = "
         f"{stats.step_compression:.2f} tokens per forward pass (plain AR: 1)",
         f"accepted per pass: mean {stats.step_compression:.2f}, longest {max(lengths, default=0)}",

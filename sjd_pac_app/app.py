@@ -17,7 +17,7 @@ import gradio as gr
 
 import sjd_pac_core as sp
 from sjd_pac_core.files import FileSaveError
-from sjd_pac_core.settings import pointless_setting_warnings, seed_note
+from sjd_pac_core.settings import auto_budget_line, pointless_setting_warnings, seed_note
 
 from . import layout, plots
 from .runner import (
@@ -27,6 +27,7 @@ from .runner import (
     JobRegistry,
     ModelManager,
     RunSettings,
+    SamplerSlot,
     Update,
     canonical_spec,
     check_repeats,
@@ -44,8 +45,8 @@ from .runner import (
     ticket_value,
     tokens_identical,
 )
-from .view import (METHODS, compare_card, compare_summary_html, hints, message_md, model_info_html,
-                   stats_html, words_md)
+from .view import (METHODS, compare_card, compare_summary_html, hints, live_image_html, message_md,
+                   model_info_html, stats_html, words_md)
 
 LOCAL_SESSION = "local"  # the session key when handlers are called without a server
 
@@ -63,6 +64,7 @@ class SjdPacApp:
         self.initial_model = initial_model
         self.interval = interval  # seconds between live updates
         self.jobs = JobRegistry()
+        self.slot = SamplerSlot()  # one run or model switch at a time, in click order
         self.startup_error = ""
         # Pictures to download: named after prompt and seed, with the settings in the PNG.
         self.output_dir = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="sjd-pac-app-"))
@@ -77,8 +79,16 @@ class SjdPacApp:
 
     # --- handlers ---------------------------------------------------------------------------
     def select_model(self, choice: str, path: str = "") -> tuple:
-        """Load the chosen model; its family's defaults (and the hints that quote them) fill the
-        controls."""
+        """Load the chosen model (after the run in progress: runs and switches share the sampler);
+        its family's defaults (and the hints that quote them) fill the controls."""
+        order = self.jobs.ticket()
+        self.slot.acquire(order)
+        try:
+            return self._select_model(choice, path)
+        finally:
+            self.slot.release(order)
+
+    def _select_model(self, choice: str, path: str) -> tuple:
         spec = (path or "").strip() or choice
         try:
             model = self.manager.get(spec)
@@ -164,12 +174,17 @@ class SjdPacApp:
         ticket: object = None,
         request: Optional[gr.Request] = None,
     ) -> Iterator[tuple]:
-        """One image, streamed. Outputs: tabs, image, download, per-pass chart, histogram, stats,
-        message, JSON. `ticket`: the click's, from `check` (none from the API)."""
+        """One image, streamed. Outputs: tabs, image, live picture, download, per-pass chart,
+        histogram, stats, message, JSON. `ticket`: the click's, from `check` (none from the API);
+        the run waits for the sampler in its order (SamplerSlot)."""
         key = session_key(request)
-        stop = self.jobs.begin(key, ticket_value(ticket), "generate")
+        order = ticket_value(ticket)
+        stop = self.jobs.begin(key, order, "generate")
+        order = self.jobs.ticket() if order is None else order
+        held = False
         try:
-            if stop.is_set():
+            held = yield from self._take_sampler(order, stop, live=True)
+            if not held:
                 yield self._status_outputs(True, "stopped", notes=[
                     "Stopped before it started (it was waiting for another run); nothing was generated."])
                 return
@@ -195,6 +210,8 @@ class SjdPacApp:
                 yield self._live_outputs(model, update, settings, warnings, notes, select_tab=first)
                 first = False
         finally:
+            if held:
+                self.slot.release(order)
             self.jobs.end(key, stop)
 
     def compare(
@@ -206,11 +223,16 @@ class SjdPacApp:
     ) -> Iterator[tuple]:
         """AR, SJD and SJD-PAC with the same prompt and seed (`method` is ignored), `repeats`
         times interleaved (AR, SJD, SJD-PAC, AR, ...) so that the speedup, a ratio of median wall
-        times, is not one noisy measurement. Outputs: tabs, 3 images, 3 cards, summary, message, JSON."""
+        times, is not one noisy measurement. Outputs: tabs, 3 images, 3 live pictures, 3 cards, summary,
+        message, JSON."""
         key = session_key(request)
-        stop = self.jobs.begin(key, ticket_value(ticket), "compare")
+        order = ticket_value(ticket)
+        stop = self.jobs.begin(key, order, "compare")
+        order = self.jobs.ticket() if order is None else order
+        held = False
         try:
-            if stop.is_set():
+            held = yield from self._take_sampler(order, stop, live=False)
+            if not held:
                 yield self._compare_outputs({m: {"status": "skipped"} for m in METHODS}, [gr.skip()] * 3, "stopped",
                                             0, verify or "", 1, [], [
                                                 "Stopped before it started (it was waiting for another run)."])
@@ -228,9 +250,21 @@ class SjdPacApp:
                                                                         for m in ("sjd", "sjd_pac")]))
             yield from self._compare_runs(model, settings, encoding, count, stop)
         finally:
+            if held:
+                self.slot.release(order)
             self.jobs.end(key, stop)
 
     # --- pieces -----------------------------------------------------------------------------
+    def _take_sampler(self, order: int, stop, live: bool):
+        """Hold the sampler for this run, waiting (and saying so) while another run holds it;
+        False at once when the run is stopped first (it then never starts)."""
+        if stop.is_set():
+            return False
+        if self.slot.acquire(order, stop, timeout=0):
+            return True
+        yield self._status_outputs(live, "waiting", keep_message=True)
+        return self.slot.acquire(order, stop)
+
     def _setup(self, model_choice, model_path, prompt, negative_prompt, resolution, seed, method, verify,
                cfg_scale, temperature, top_k, top_p, window, tree_depth, tree_width, node_budget, live: bool,
                repeats: object = 1):
@@ -261,16 +295,16 @@ class SjdPacApp:
         return model, settings, encoding
 
     def _status_outputs(self, live: bool, status: str, errors: Sequence[str] = (),
-                        notes: Sequence[str] = ()) -> tuple:
+                        notes: Sequence[str] = (), keep_message: bool = False) -> tuple:
         summary = {"status": status, "elapsed": 0.0}
         if errors:
             summary["error"] = errors[0]
-        message = message_md(errors, notes)
+        message = gr.skip() if keep_message else message_md(errors, notes)  # (the click's own notes stay)
         if live:
-            return (gr.skip(),) * 5 + (stats_html(summary), message, summary)
-        cards = (gr.skip(),) * 3 if status in ("loading", "progress") else tuple(
+            return (gr.skip(),) * 6 + (stats_html(summary), message, summary)
+        cards = (gr.skip(),) * 3 if status in ("loading", "progress", "waiting") else tuple(
             compare_card(m, {"status": "skipped"}) for m in METHODS)
-        return (gr.skip(),) * 4 + cards + (compare_summary_html({}, "", 0, status), message, summary)
+        return (gr.skip(),) * 7 + cards + (compare_summary_html({}, "", 0, status), message, summary)
 
     def _image_for(self, model: sp.ARImageModel, update: Update, record: dict) -> Any:
         if update.result is not None:
@@ -279,14 +313,34 @@ class SjdPacApp:
             return image
         if update.progress is None:
             return gr.skip()
+        return plots.upscale_for_display(self._partial_picture(model, update.progress))
+
+    @staticmethod
+    def _partial_picture(model: sp.ARImageModel, progress: sp.Progress) -> Any:
+        """The picture of the tokens so far, at the model's own preview size (or a placeholder)."""
         try:
-            preview = model.preview(update.progress.tokens)
+            preview = model.preview(progress.tokens)
         except Exception:  # a preview is a nicety; never let it end a run
             preview = None
         if preview is None:
-            n, total = int(update.progress.tokens.shape[-1]), update.progress.num_tokens
+            n, total = int(progress.tokens.shape[-1]), progress.num_tokens
             return plots.placeholder_image(text=f"no preview for this family · {n}/{total} tokens")
-        return plots.upscale_for_display(preview)
+        return preview
+
+    def _pictures(self, model: sp.ARImageModel, update: Update, record: dict, first: bool) -> Tuple[Any, Any]:
+        """(image panel, live panel) of a frame. While a run goes on, its picture travels inline in
+        the live panel, in the same update as its numbers, and the image panel is hidden; the final
+        picture (with its settings inside, for the panel's download button) goes to the image panel."""
+        if update.kind == "progress":
+            picture = self._partial_picture(model, update.progress)
+            small = max(picture.size) < 256
+            alt = f"The picture so far: {update.stats.tokens_committed} of {update.stats.num_tokens} tokens"
+            live = gr.update(value=live_image_html(plots.inline_image(picture), alt, small), visible=True)
+            return (gr.update(visible=False) if first else gr.skip()), live
+        hidden = gr.update(value="", visible=False)
+        if update.result is None and update.progress is None:  # ended before its first pass
+            return gr.update(visible=True), hidden
+        return gr.update(value=self._image_for(model, update, record), visible=True), hidden
 
     def _live_outputs(self, model: sp.ARImageModel, update: Update, settings: RunSettings, warnings: Sequence[str],
                       notes: Sequence[str], select_tab: bool) -> tuple:
@@ -295,6 +349,9 @@ class SjdPacApp:
                               {"settings": record, "seed": record["seed"], "prompt": record["prompt"]})
         if warnings:
             summary["warnings"] = list(warnings)
+        picked = auto_budget_line(settings.config, [r.envelope for r in update.stats.records]) if update.stats else None
+        if picked:  # node budget 'auto': what it chose so far, beside the settings
+            summary["budget_picked"] = picked
         errors: List[str] = []
         notes = list(notes)
         download: Any = gr.skip()
@@ -322,9 +379,11 @@ class SjdPacApp:
         method = stats.method if stats else "sjd_pac"
         lengths = stats.accept_lengths if stats else []
         total = stats.num_tokens if stats else 0
+        picture, live = self._pictures(model, update, record, first=select_tab)
         return (
             gr.Tabs(selected="live") if select_tab else gr.skip(),
-            self._image_for(model, update, record),
+            picture,
+            live,
             download,
             plots.tokens_per_pass_chart(lengths, method, min_passes=total if method == "ar" else 24),
             plots.histogram_chart(stats.histogram() if stats else {}, method),
@@ -335,7 +394,10 @@ class SjdPacApp:
 
     def _compare_outputs(self, summaries: Dict[str, Dict[str, Any]], images: List[Any], overall: str,
                          seed: Optional[int], verify: str, repeats: int, errors: Sequence[str], notes: Sequence[str],
-                         select_tab: bool = False, record: Optional[dict] = None) -> tuple:
+                         select_tab: bool = False, record: Optional[dict] = None,
+                         lives: Optional[List[Any]] = None) -> tuple:
+        """Compare's outputs: tabs, the 3 image panels, the 3 live panels (`lives`; as `_pictures`),
+        the 3 cards, the summary, the message and the JSON report."""
         report: Dict[str, Any] = {"status": overall, "seed": seed, "verify": verify, "repeats": repeats,
                                   "methods": summaries}
         if record:  # the comparison's settings: every method's but the method
@@ -345,6 +407,7 @@ class SjdPacApp:
         return (
             gr.Tabs(selected="compare") if select_tab else gr.skip(),
             *images,
+            *(lives or [gr.skip()] * len(METHODS)),
             *(compare_card(m, summaries.get(m)) for m in METHODS),
             compare_summary_html(summaries, verify, seed, overall, repeats),
             message_md(errors, notes),
@@ -359,6 +422,7 @@ class SjdPacApp:
         tokens: Dict[str, Any] = {}
         first = True
         notes = list(encoding.warnings)
+        live_shown: set = set()  # methods whose live panel has replaced their image panel
         for repeat in range(repeats):
             for method in METHODS:
                 live = repeat == 0  # later repeats only time the runs: no frames
@@ -366,12 +430,17 @@ class SjdPacApp:
                                                 settings.negative_prompt, encoding.resolution, self.interval,
                                                 frames=live):
                     images: List[Any] = [gr.skip()] * 3
+                    lives: List[Any] = [gr.skip()] * 3
                     if update.kind == "finished":
                         seed = update.result.seed
                     record = settings.record(model, seed, config.with_(method=method))
+                    if live:  # its picture: inline while it runs, in the image panel once it ends
+                        column = METHODS.index(method)
+                        images[column], lives[column] = self._pictures(model, update, record,
+                                                                       first=method not in live_shown)
+                        live_shown.add(method)
                     if update.kind in ("progress", "finished") and live:
                         summaries[method] = run_summary(update.stats, update.kind, update.elapsed)
-                        images[METHODS.index(method)] = self._image_for(model, update, record)
                     if update.kind == "finished":
                         times[method].append(update.stats.wall_time)
                         if live:
@@ -391,13 +460,14 @@ class SjdPacApp:
                                      + "; memory freed.")
                         yield self._compare_outputs(summaries, images, update.kind, seed, config.verify, repeats,
                                                     errors, [stop_note] if update.kind == "stopped" else [],
-                                                    record=record)
+                                                    record=record, lives=lives)
                         return
                     all_done = repeat == repeats - 1 and method == METHODS[-1] and update.kind == "finished"
                     if not live and not all_done and update.kind != "finished":
                         continue
                     yield self._compare_outputs(summaries, images, "finished" if all_done else "progress", seed,
-                                                config.verify, repeats, [], notes, select_tab=first, record=record)
+                                                config.verify, repeats, [], notes, select_tab=first, record=record,
+                                                lives=lives)
                     first = False
 
     @staticmethod

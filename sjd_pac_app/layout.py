@@ -26,6 +26,12 @@ VERIFY_CHOICES = [
 WINDOW_CHOICES = ["auto", "8", "12", "16", "24", "32", "64", "128"]
 NODE_BUDGET_CHOICES = ["0", "auto", "64", "128", "256"]  # 0: off (the window and tree above decide)
 MAX_DEPTH_FIELD = 8  # the D slider's top (the budget allows D = 6 at K = 2 and more at K = 1)
+# Runs (and model switches) that Gradio hands to the app at once: one holds the sampler, the rest
+# wait for it in the app (runner.SamplerSlot), where a Stop ends them at once; more wait in
+# Gradio's queue. Each waiting run holds a server thread, so the number is bounded.
+RUNS_AT_ONCE = 8
+IMAGE_HEIGHT = 420  # px: the image panel, and the live picture in its place while a run goes on
+COMPARE_IMAGE_HEIGHT = 300  # px: the same for each method on the Compare tab
 MAX_WIDTH_FIELD = 16
 
 CSS = """
@@ -66,22 +72,46 @@ CSS = """
 .yes {color: #15803d;} .no {color: #b91c1c;}
 #compare-summary {font-size: 15px;}
 img {max-width: 100%;}
-.pixel-art img {image-rendering: pixelated;}  /* small models' token patches stay sharp */
+.pixel-art img, .live-frame img.pixelated {image-rendering: pixelated;}  /* small models' token patches stay sharp */
 @media (max-width: 600px) {
   .gradio-container {padding-left: 8px !important; padding-right: 8px !important;}
   .stat-grid {grid-template-columns: repeat(2, minmax(0, 1fr));}
 }
+""" + f"""#live-image .live-frame {{height: {IMAGE_HEIGHT}px;}}
+.compare-live .live-frame {{height: {COMPARE_IMAGE_HEIGHT}px;}}
+.live-frame {{border: 1px solid var(--border-color-primary); border-radius: 8px;
+  background: var(--background-fill-secondary);}}
+.live-frame img {{width: 100%; height: 100%; object-fit: contain; display: block;}}
 """
 
+# The fields whose list only suggests values (TYPED_FIELDS): Enter keeps what was typed.
+TYPED_FIELDS = ("window", "node_budget")
+
 # Ctrl+Enter (Cmd+Enter on a Mac) generates, from anywhere on the page.
+# In a field of TYPED_FIELDS, Gradio's list picks on Enter the first choice that contains the typed
+# text (4 became 24, 12 became 128). Enter there leaves the field instead, which keeps the typed
+# value as the field's (it is checked, with a sentence, when the run is asked for), unless the
+# arrow keys chose a listed value since the last keystroke.
 HEAD = """<script>
+const SJD_TYPED = '%s';
 document.addEventListener('keydown', (e) => {
   if ((e.ctrlKey || e.metaKey) && e.key === 'Enter') {
     const button = document.querySelector('#generate-btn');
     if (button) { e.preventDefault(); button.click(); }
+    return;
   }
-});
-</script>"""
+  const field = e.target;
+  if (!(field instanceof HTMLInputElement) || !field.matches(SJD_TYPED)) return;
+  if (e.key === 'ArrowDown' || e.key === 'ArrowUp') field.dataset.sjdChosen = '1';
+  if (e.key !== 'Enter' || e.altKey || e.shiftKey || e.isComposing || field.dataset.sjdChosen) return;
+  e.preventDefault();
+  e.stopPropagation();  // in the capture phase: Gradio's own Enter never sees it
+  field.blur();
+}, true);
+document.addEventListener('input', (e) => {
+  if (e.target instanceof HTMLInputElement && e.target.matches(SJD_TYPED)) delete e.target.dataset.sjdChosen;
+}, true);
+</script>""" % ", ".join(f"#{field.replace('_', '-')} input" for field in TYPED_FIELDS)
 
 
 # Stop, as the page sends it. Browsers open at most six connections per host for a profile, and a
@@ -224,8 +254,12 @@ def build(app: Any) -> gr.Blocks:
                         stats = gr.HTML(stats_html({"status": "idle"}), elem_id="run-stats")
                         with gr.Row(equal_height=True):
                             with gr.Column(scale=3, min_width=280):
+                                # While a run goes on its picture shows here, inline in the
+                                # update that carries its numbers (app._pictures); the panel below
+                                # holds the finished picture and its download button.
+                                live_image = gr.HTML(visible=False, elem_id="live-image")
                                 preview = gr.Image(plots.placeholder_image(text="press Generate"),
-                                                   type="pil", format="png", label="Image", height=420,
+                                                   type="pil", format="png", label="Image", height=IMAGE_HEIGHT,
                                                    alt_text="The generated picture: it fills in as the sampler "
                                                             "accepts tokens, then shows the decoded image",
                                                    interactive=False, elem_id="preview-image",
@@ -254,15 +288,17 @@ def build(app: Any) -> gr.Blocks:
                             repeats = gr.Number(value=DEFAULT_REPEATS, precision=None, label="Repeats",
                                                 info="interleaved runs per method; speedup = ratio of medians",
                                                 elem_id="compare-repeats", scale=1, min_width=140)
-                        cmp_images, cmp_cards = [], []
+                        cmp_images, cmp_lives, cmp_cards = [], [], []
                         with gr.Row():
                             for m in METHODS:
                                 with gr.Column(min_width=200):
+                                    cmp_lives.append(gr.HTML(visible=False, elem_id=f"compare-live-{m}",
+                                                             elem_classes=["compare-live"]))
                                     cmp_images.append(gr.Image(
                                         plots.placeholder_image(text=METHOD_LABELS[m]), type="pil",
                                         format="png", interactive=False, label=METHOD_LABELS[m],
                                         alt_text=f"The picture {METHOD_LABELS[m]} sampled",
-                                        height=300, elem_id=f"compare-image-{m}",
+                                        height=COMPARE_IMAGE_HEIGHT, elem_id=f"compare-image-{m}",
                                         elem_classes=pixel_classes))
                                     cmp_cards.append(gr.HTML(compare_card(m, None),
                                                              elem_id=f"compare-card-{m}"))
@@ -301,8 +337,9 @@ def build(app: Any) -> gr.Blocks:
         cmp_inputs = [*gen_inputs[:7], cmp_verify, *gen_inputs[8:], repeats]
         model_outputs = [model_info, model_dd, model_path, resolution, cfg_scale, temperature, top_k, top_p,
                          window, tree_depth, tree_width, words, message]
-        # One sampler at a time across all sessions: runs and model switches share the device.
-        common = dict(concurrency_limit=1, concurrency_id="sampler")
+        # One sampler at a time across all sessions: runs and model switches share the device
+        # (runner.SamplerSlot, in click order).
+        common = dict(concurrency_limit=RUNS_AT_ONCE, concurrency_id="sampler")
         instant = dict(queue=False, show_progress="hidden", api_name=False)
         model_dd.input(app.select_model, [model_dd, model_path], model_outputs, api_name="load_model",
                        **common)
@@ -325,12 +362,13 @@ def build(app: Any) -> gr.Blocks:
                                   **instant)
         gen_check.success(app.gate, gen_ticket, None, preprocess=False, **instant).success(
             app.generate, [*gen_inputs, gen_ticket],
-            [tabs, preview, download, pass_chart, hist_chart, stats, message, run_json],
+            [tabs, preview, live_image, download, pass_chart, hist_chart, stats, message, run_json],
             api_name="generate", preprocess=False, **common)
         cmp_check = cmp_btn.click(app.check_compare, cmp_inputs, [message, cmp_ticket, cmp_summary],
                                   preprocess=False, **instant)
         cmp_check.success(app.gate, cmp_ticket, None, preprocess=False, **instant).success(
-            app.compare, [*cmp_inputs, cmp_ticket], [tabs, *cmp_images, *cmp_cards, cmp_summary, message, cmp_json],
+            app.compare, [*cmp_inputs, cmp_ticket],
+            [tabs, *cmp_images, *cmp_lives, *cmp_cards, cmp_summary, message, cmp_json],
             api_name="compare", preprocess=False, **common)
         # Not queued: Stop must act while the sampler's slot is busy and on queued runs. The button
         # posts to the API's /stop itself, without credentials (STOP_JS); the hidden button only

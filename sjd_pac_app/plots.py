@@ -3,6 +3,8 @@ update is one small PNG (cheap to stream, looks the same in every browser)."""
 
 from __future__ import annotations
 
+import base64
+import io
 import math
 from typing import Dict, List, Sequence, Tuple
 
@@ -46,6 +48,21 @@ def upscale_for_display(image: Image.Image, target: int = DISPLAY_SIZE) -> Image
         scale = 512 / side
         return image.resize((round(image.width * scale), round(image.height * scale)), Image.BILINEAR)
     return image
+
+
+def inline_image(image: Image.Image) -> str:
+    """The picture as a data: URL, so it travels in the same page update as the numbers it goes
+    with (an image file is fetched by the browser on its own, on a connection that busy tabs may
+    all hold, and then lags the counter). Small pictures (the demo's 64x64) go as PNG at their own
+    size, which the page enlarges without smoothing; large ones as JPEG of at most 512 px."""
+    buffer = io.BytesIO()
+    if max(image.size) < 256:
+        image.save(buffer, format="PNG")
+        kind = "png"
+    else:
+        upscale_for_display(image).convert("RGB").save(buffer, format="JPEG", quality=85)
+        kind = "jpeg"
+    return f"data:image/{kind};base64,{base64.b64encode(buffer.getvalue()).decode('ascii')}"
 
 
 def placeholder_image(size: int = DISPLAY_SIZE, text: str = "") -> Image.Image:

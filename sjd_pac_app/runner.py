@@ -7,6 +7,7 @@ Kept free of gradio so it can be tested (and reused) on its own; app.py only ren
 from __future__ import annotations
 
 import gc
+import heapq
 import io
 import itertools
 import json
@@ -352,6 +353,52 @@ class JobRegistry:
         """Sessions with something kept: a running run or a Stop that queued runs may still meet."""
         with self._lock:
             return len(set(self._running) | set(self._stopped_at))
+
+
+class SamplerSlot:
+    """The sampler, held by one run (or model switch) at a time across every session, given in the
+    order of the clicks (their tickets).
+
+    Runs wait for it here rather than in Gradio's queue: a run waiting here sees its stop flag at
+    once and ends with its own "stopped" frame, where a run in Gradio's queue could only learn of
+    the Stop when its turn came (16-33 s behind another tab's run).
+    """
+
+    POLL = 0.05  # seconds between looks at a waiting run's stop flag
+
+    def __init__(self) -> None:
+        self._turn = threading.Condition()
+        self._holder: Optional[int] = None
+        self._waiting: List[int] = []  # the tickets waiting, as a heap
+
+    def acquire(self, order: int, stop: Optional[threading.Event] = None, timeout: Optional[float] = None) -> bool:
+        """Wait until no one holds the sampler and no smaller ticket waits, then hold it; False
+        (not held) when `stop` is set or `timeout` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._turn:
+            heapq.heappush(self._waiting, order)
+            try:
+                while self._holder is not None or self._waiting[0] != order:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if (stop is not None and stop.is_set()) or (left is not None and left <= 0):
+                        return False
+                    self._turn.wait(self.POLL if left is None else min(self.POLL, left))
+                self._holder = order
+                return True
+            finally:
+                self._waiting.remove(order)
+                heapq.heapify(self._waiting)
+                self._turn.notify_all()
+
+    def release(self, order: int) -> None:
+        with self._turn:
+            if self._holder == order:
+                self._holder = None
+                self._turn.notify_all()
+
+    def waiting(self) -> int:
+        with self._turn:
+            return len(self._waiting)
 
 
 def ticket_value(value: object) -> Optional[int]:

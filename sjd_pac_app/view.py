@@ -82,6 +82,8 @@ def run_line(summary: Dict[str, Any]) -> str:
              settings_line(record_config(record), record["threads"])]
     if record["threads"] is None:  # off the CPU: name the device
         parts.append(record["device"])
+    if summary.get("budget_picked"):  # node budget 'auto': what it picked
+        parts.append(summary["budget_picked"])
     return " · ".join(html.escape(str(p)) for p in parts)
 
 
@@ -117,6 +119,12 @@ def stats_html(summary: Dict[str, Any]) -> str:
     below = f'<div class="run-line">{line}{warnings}</div>' if line or warnings else ""
     return (f'<div class="stat-grid status-{status}" data-status="{status}" '
             f'data-passes="{passes if passes is not None else ""}">{"".join(cards)}</div>{below}')
+
+
+def live_image_html(url: str, alt: str, pixelated: bool) -> str:
+    """The picture of a running run, inline (plots.inline_image), in the box the image panel has."""
+    cls = ' class="pixelated"' if pixelated else ""
+    return f'<div class="live-frame"><img src="{url}" alt="{html.escape(alt)}"{cls}></div>'
 
 
 def message_md(errors: Sequence[str] = (), notes: Sequence[str] = ()) -> str:

@@ -41,6 +41,7 @@ JUDGED_SHARE = 0.25
 # this much more than the tokens they commit: a chosen margin, not a measured result.
 CLEARLY_SLOWER = 1.5
 AUTO_WORDS = "L = 'auto'"  # how a front end spells the automatic window (the nodes: window 0)
+BUDGET_AUTO_WORDS = "node budget 'auto'"  # ...and the automatic node budget (the nodes: node_budget -1)
 
 
 def pass_nodes(config: SamplerConfig) -> int:
@@ -65,8 +66,12 @@ def _unless_noise(ratio: float, nodes: float) -> Optional[float]:
     return None if ratio > nodes else ratio
 
 
-def _fix(config: SamplerConfig, auto: str, window: bool = True) -> str:
-    """The fix: a smaller pass (the tree alone when a smaller L cannot help), or the automatic window."""
+def _fix(config: SamplerConfig, auto: str, window: bool = True, budget_auto: str = BUDGET_AUTO_WORDS) -> str:
+    """The fix: a smaller pass (the tree alone when a smaller L cannot help), or the automatic window.
+    A node budget sizes its own tree (D and K are not used) within L: a smaller budget makes the
+    pass cheaper, a larger L lets it commit more, and the automatic budget picks B by the clock."""
+    if config.node_budget is not None:
+        return f"use a smaller node budget or a larger L, or {budget_auto}"
     if not config.tree_side_nodes:
         return f"use a smaller L or {auto}"
     return f"use a smaller L, D or K, or {auto}" if window else f"use a smaller D or K, or {auto}"
@@ -78,7 +83,7 @@ def _judged(config: SamplerConfig) -> bool:
 
 
 def slower_than_ar(config: SamplerConfig, cost: CostCurve, device: str = "this device",
-                   auto: str = AUTO_WORDS) -> Optional[str]:
+                   auto: str = AUTO_WORDS, budget_auto: str = BUDGET_AUTO_WORDS) -> Optional[str]:
     """Before the run: one sentence when a pass of `config`'s shape costs more one-token passes than
     it can commit tokens (so the run is certainly slower than AR); None otherwise."""
     if not _judged(config):
@@ -91,18 +96,20 @@ def slower_than_ar(config: SamplerConfig, cost: CostCurve, device: str = "this d
     shape = f"node budget {config.node_budget}" if config.node_budget is not None else f"L = {config.window}{tree}"
     return (f"A pass of {shape} ({nodes} tokens) costs about {ratio:.1f} one-token passes on "
             f"{device}, more than the {most} tokens a pass can commit, so this run will be slower than AR; "
-            f"{_fix(config, auto, window=False)}.")
+            f"{_fix(config, auto, window=False, budget_auto=budget_auto)}.")
 
 
 def running_slower_than_ar(config: SamplerConfig, passes: int, tokens_per_pass: float, ratio: float,
-                           device: str = "this device", auto: str = AUTO_WORDS) -> Optional[str]:
+                           device: str = "this device", auto: str = AUTO_WORDS,
+                           budget_auto: str = BUDGET_AUTO_WORDS) -> Optional[str]:
     """During the run: one sentence when its `passes` passes committed clearly fewer tokens each
     (by CLEARLY_SLOWER) than its fastest pass cost one-token passes (`ratio`), so the run is going
     slower than AR; None otherwise."""
     if not _judged(config) or tokens_per_pass * CLEARLY_SLOWER >= ratio:
         return None
     return (f"Its first {passes} passes committed {tokens_per_pass:.2f} tokens each, but even the fastest of them "
-            f"cost {ratio:.2f} one-token passes on {device}, so this run is going slower than AR; {_fix(config, auto)}.")
+            f"cost {ratio:.2f} one-token passes on {device}, so this run is going slower than AR; "
+            f"{_fix(config, auto, budget_auto=budget_auto)}.")
 
 
 @dataclass
@@ -114,11 +121,14 @@ class RunPace:
     cost: Optional[CostCurve]
     device: str = "this device"
     auto: str = AUTO_WORDS
+    budget_auto: str = BUDGET_AUTO_WORDS
     judged: bool = field(default=False, init=False)
 
     @property
     def before(self) -> Optional[str]:
-        return slower_than_ar(self.config, self.cost, self.device, self.auto) if self.cost is not None else None
+        if self.cost is None:
+            return None
+        return slower_than_ar(self.config, self.cost, self.device, self.auto, self.budget_auto)
 
     def during(self, stats: RunStats) -> Optional[str]:
         """The measured sentence, the first time the run has committed JUDGED_SHARE of its image,
@@ -135,7 +145,8 @@ class RunPace:
         if ratio is None:
             return None
         tokens = sum(r.committed for r in passes) / len(passes)
-        return running_slower_than_ar(self.config, len(passes), tokens, ratio, self.device, self.auto)
+        return running_slower_than_ar(self.config, len(passes), tokens, ratio, self.device, self.auto,
+                                      self.budget_auto)
 
 
 def cost_curve(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig,
@@ -165,10 +176,10 @@ def device_words(model: ARImageModel) -> str:
 
 
 def run_pace(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig,
-             auto: str = AUTO_WORDS) -> RunPace:
+             auto: str = AUTO_WORDS, budget_auto: str = BUDGET_AUTO_WORDS) -> RunPace:
     """The RunPace of a run about to start (measuring the curve if needed; not for AR or window="auto")."""
     cost = cost_curve(model, encoding, config) if _judged(config) else None
-    return RunPace(config, cost, device_words(model), auto)
+    return RunPace(config, cost, device_words(model), auto, budget_auto)
 
 
 def slow_shape_warning(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig) -> Optional[str]:

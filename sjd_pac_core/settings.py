@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from typing import TYPE_CHECKING, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Union
 
 from .config import MAX_NODE_BUDGET, ConfigError, SamplerConfig
 from .sampling.seeds import check_seed
@@ -183,7 +183,8 @@ def config_from_settings(
     if values.get("node_budget") is not None and not base.with_(**{**values, "node_budget": None}).use_pd:
         # SamplerConfig's own message speaks of node_budget=None, which no UI can enter
         raise ConfigError("The node budget spends a pass's nodes on Proactive Drafting's tree; set the method to "
-                          "sjd_pac with Proactive Drafting on, or the node budget to 0 (off).")
+                          f"sjd_pac with Proactive Drafting on and {LABELS['tree_depth']} of 2 or more, or the node "
+                          "budget to 0 (off).")
     return base.with_(**values)
 
 
@@ -216,7 +217,46 @@ def pointless_setting_warnings(config: SamplerConfig) -> List[str]:
             "sjd_pac with Adaptive Continuation off and no Proactive Drafting tree is plain sjd; "
             "switch one of them on or choose method sjd."
         )
+    wasted = candidates_beyond_top_k(config)
+    if wasted:
+        messages.append(wasted)
     return messages
+
+
+def candidates_beyond_top_k(config: SamplerConfig) -> Optional[str]:
+    """K above top-k: the tree's candidates at a position are distinct tokens, and only the top-k
+    tokens can ever be accepted there, so the rest are nodes every pass feeds for nothing. The run
+    is still exact (the sampler marks them), so this is a warning on every surface, never a refusal."""
+    if not config.use_pd or config.node_budget is not None or config.top_k is None:
+        return None  # (a node budget sizes its tree itself: K is not used)
+    widest = max(config.tree.widths)
+    if widest <= config.top_k:
+        return None
+    k, first = config.top_k, config.tree_first_width
+    wide_first = first is not None and first != config.tree_width and config.tree_depth > 1
+    shape = f"{LABELS['tree_width']} = {config.tree_width}" + (f" (first level {first})" if wide_first else "")
+    smaller = [f"{LABELS['tree_width']} <= {k}"] if config.tree_width > k else []
+    if wide_first and first > k:
+        smaller.append(f"{LABELS['tree_first_width']} <= {k}")
+    return (f"{shape} drafts up to {widest} candidates at a position, but top-k = {k} leaves only {k} tokens a "
+            f"position can take, so {widest - k} of them can never be accepted and only cost time; use "
+            f"{' and '.join(smaller) + ' or ' if smaller else ''}a top-k of at least {widest} (0 = off).")
+
+
+def auto_budget_line(config: SamplerConfig, envelopes: Sequence[int]) -> Optional[str]:
+    """What node_budget='auto' picked, from the passes' envelopes (tokens fed, the root included;
+    the prompt's pass, 0, left out), for the stats text and the app: 'node budget auto picked 48
+    nodes per pass' or '... 32 to 48 nodes per pass, 48 on most passes'. None for any other run."""
+    if config.node_budget != "auto":
+        return None
+    picked = [e - 1 for e in envelopes if e > 0]
+    if not picked:
+        return None
+    low, high = min(picked), max(picked)
+    if low == high:
+        return f"{LABELS['node_budget']} auto picked {low} nodes per pass"
+    most = max(sorted(set(picked)), key=picked.count)
+    return f"{LABELS['node_budget']} auto picked {low} to {high} nodes per pass, {most} on most passes"
 
 
 def window_one_note(config: SamplerConfig) -> str:

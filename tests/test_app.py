@@ -97,6 +97,18 @@ def args_for(spec: str, model: sp.ARImageModel, **changes) -> List[object]:
     return [values[name] for name in ARG_NAMES]
 
 
+# Generate's outputs, by position (layout.build wires them in this order), and Compare's: the
+# three image panels, the three live panels, the three cards, the summary.
+TABS, IMAGE, LIVE, DOWNLOAD, PASS_CHART, HIST_CHART, STATS, MESSAGE, SUMMARY = range(9)
+CMP_IMAGES, CMP_LIVES, CMP_CARDS, CMP_SUMMARY = slice(1, 4), slice(4, 7), slice(7, 10), 10
+
+
+def panel_image(frame: tuple):
+    """The picture in the image panel of a generate frame (a gr.update, or the image itself)."""
+    value = frame[IMAGE]
+    return value.get("value") if isinstance(value, dict) else value
+
+
 def reference_stats(model: sp.ARImageModel, method: str, verify: str = "gumbel", seed: int = 0) -> sp.RunStats:
     """What the sampler itself reports for the app's default settings (cached: runs cost seconds)."""
     key = ("reference", id(model), method, verify, seed)
@@ -269,8 +281,11 @@ def test_generate_streams_updates_and_matches_the_sampler(app, app_model):
     # Enough frames to watch the picture fill in (one per 1/16 of the image at least), and every
     # frame carries its own picture with its numbers (never numbers beside an older image).
     assert len(summaries) - 1 >= runner.FRAME_MILESTONES - 1
-    assert all(hasattr(o[1], "size") for o in outputs)
-    assert summaries[-1]["settings"]["threads"] == 1 and "1 CPU thread" in outputs[-1][5]
+    # ...inline, in the update that carries its numbers, with the image panel hidden meanwhile
+    assert all("data:image/png;base64," in o[LIVE]["value"] for o in outputs[:-1])
+    assert outputs[0][IMAGE]["visible"] is False and outputs[-1][IMAGE]["visible"] is True
+    assert outputs[-1][LIVE] == {"__type__": "update", "value": "", "visible": False}
+    assert summaries[-1]["settings"]["threads"] == 1 and "1 CPU thread" in outputs[-1][STATS]
     passes = [s["forward_passes"] for s in summaries]
     assert passes == sorted(passes)  # the stream only moves forward
 
@@ -282,7 +297,8 @@ def test_generate_streams_updates_and_matches_the_sampler(app, app_model):
     assert final["tokens_committed"] == final["num_tokens"] == expected.num_tokens
     assert final["histogram"] == {str(k): v for k, v in expected.histogram().items()}
 
-    tabs, image, download, pass_chart, hist_chart, stats_html, message, _ = outputs[-1]
+    tabs, _, _, download, pass_chart, hist_chart, stats_html, message, _ = outputs[-1]
+    image = panel_image(outputs[-1])
     assert min(image.size) >= 512  # the 64x64 picture, upscaled (nearest) for display
     assert Path(download).name == "a-red-circle-top-left-on-a-blue-background_seed-0_sjd_pac.png"
     assert final["settings"]["seed"] == 0 and final["settings"]["prompt"] == PROMPT
@@ -319,7 +335,7 @@ def test_stop_button_then_next_run_works(app, app_model):
     rest = list(run)
     final = rest[-1][-1]
     assert final["status"] == "stopped" and final["forward_passes"] < final["num_tokens"]
-    assert "Stopped after" in rest[-1][6]
+    assert "Stopped after" in rest[-1][MESSAGE] and panel_image(rest[-1]).size[0] >= 256  # the picture so far
     assert not app.jobs.running("local")
 
     again = list(app.generate(*args_for(spec, model, method="sjd")))[-1][-1]
@@ -332,7 +348,7 @@ def test_bad_inputs_show_a_readable_message_and_the_app_keeps_working(app, app_m
     # Each failure is also a toast (gr.Warning, a UserWarning when no page is attached).
     with pytest.warns(UserWarning, match="does not exist"):
         out = list(app.generate(*args_for(spec, model, model_path=str(missing))))[-1]
-    assert out[-1]["status"] == "failed" and "does not exist" in out[6] and "⚠" in out[6]
+    assert out[-1]["status"] == "failed" and "does not exist" in out[MESSAGE] and "⚠" in out[MESSAGE]
 
     with pytest.warns(UserWarning, match="window"):
         out = list(app.generate(*args_for(spec, model, window=0)))[-1]
@@ -387,13 +403,18 @@ def test_compare_runs_all_three_interleaved_and_gumbel_is_token_identical(app, a
     finals = {}
     for out in outputs:
         for i, m in enumerate(("ar", "sjd", "sjd_pac")):
-            if hasattr(out[1 + i], "size"):
-                finals[m] = out[1 + i]
+            panel = out[CMP_IMAGES][i]
+            picture = panel.get("value") if isinstance(panel, dict) else panel
+            if hasattr(picture, "size"):
+                finals[m] = picture
     assert set(finals) == {"ar", "sjd", "sjd_pac"}
     assert finals["ar"].tobytes() == finals["sjd"].tobytes() == finals["sjd_pac"].tobytes()
-    cards = outputs[-1][4:7]
+    cards = outputs[-1][CMP_CARDS]
     assert all('data-status="finished"' in c for c in cards) and cards[2].count('class="yes"') == 1
-    assert "1 run" in cards[1] and "a single wall-clock measurement is noisy" in outputs[-1][7]
+    assert "1 run" in cards[1] and "a single wall-clock measurement is noisy" in outputs[-1][CMP_SUMMARY]
+    for column in range(3):  # each method's picture came inline while it ran; its live panel is hidden at its end
+        updates = [o[CMP_LIVES][column] for o in outputs if "visible" in o[CMP_LIVES][column]]
+        assert any("data:image/png;base64," in u["value"] for u in updates) and updates[-1]["visible"] is False
 
 
 def test_compare_speedup_is_the_ratio_of_median_wall_times():
@@ -422,7 +443,7 @@ def test_stop_in_compare_leaves_every_card_final(app, app_model):
     assert final[-1]["status"] == "stopped"
     statuses = [final[-1]["methods"][m]["status"] for m in ("ar", "sjd", "sjd_pac")]
     assert statuses == ["stopped", "skipped", "skipped"]
-    assert all("waiting" not in card for card in final[4:7]) and "Not run" in final[6]
+    assert all("waiting" not in card for card in final[CMP_CARDS]) and "Not run" in final[CMP_CARDS][2]
 
 
 def test_a_run_stopped_while_queued_never_starts(app, app_model, monkeypatch):
@@ -436,11 +457,81 @@ def test_a_run_stopped_while_queued_never_starts(app, app_model, monkeypatch):
         outputs = list(handler(*args_for(spec, model), *extra, ticket=ticket))
         assert outputs[-1][-1]["status"] == "stopped" and "before it started" in outputs[-1][-2]
     assert started == []
-    final_cards = outputs[-1][4:7]
+    final_cards = outputs[-1][CMP_CARDS]
     assert all('data-status="skipped"' in card for card in final_cards)
     monkeypatch.undo()
     _, ticket, _ = app.check(*args_for(spec, model))  # a new click after the stop runs normally
     assert list(app.generate(*args_for(spec, model, method="sjd"), ticket=ticket))[-1][-1]["status"] == "finished"
+
+
+def test_the_sampler_is_taken_in_click_order_and_a_stop_ends_the_wait():
+    slot = runner.SamplerSlot()
+    assert slot.acquire(1)
+    assert not slot.acquire(5, timeout=0)  # held: no waiting when asked not to
+    order: List[int] = []
+
+    def run(ticket: int) -> None:
+        if slot.acquire(ticket):
+            order.append(ticket)
+            slot.release(ticket)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in (3, 2)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 10
+    while slot.waiting() < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    stop = threading.Event()
+    stopped: List[bool] = []
+    waiter = threading.Thread(target=lambda: stopped.append(slot.acquire(4, stop)))
+    waiter.start()
+    stop.set()
+    waiter.join(timeout=10)
+    assert stopped == [False]  # a stopped waiter leaves at once, while the sampler is still held
+    slot.release(1)
+    for t in threads:
+        t.join(timeout=10)
+    assert order == [2, 3] and slot.waiting() == 0  # the earlier click first
+    assert slot.acquire(6, timeout=0)  # and nobody is left holding it
+
+
+def test_a_run_waiting_for_another_tabs_run_stops_at_once(app, app_model):
+    """Another tab's run holds the sampler: a run asked for now says it waits; a Stop ends it at
+    once (before, it showed "Waiting" until the other run ended); a run not stopped starts when the
+    sampler is free."""
+    spec, model = app_model
+    other = 0  # the other tab's run: the smallest ticket
+    assert app.slot.acquire(other)
+    try:
+        _, ticket, _ = app.check(*args_for(spec, model, method="sjd"))
+        run = app.generate(*args_for(spec, model, method="sjd"), ticket=ticket)
+        waiting = next(run)
+        assert waiting[SUMMARY]["status"] == "waiting" and 'data-status="waiting"' in waiting[STATS]
+        threading.Timer(0.2, app.stop).start()
+        started = time.time()
+        final = list(run)[-1]
+        assert time.time() - started < 10 and final[SUMMARY]["status"] == "stopped"
+        assert "before it started" in final[MESSAGE]
+
+        _, ticket, _ = app.check(*args_for(spec, model, method="sjd"))
+        frames: List[tuple] = []
+        worker = threading.Thread(target=lambda: frames.extend(
+            app.generate(*args_for(spec, model, method="sjd"), ticket=ticket)))
+        worker.start()
+        deadline = time.time() + 30
+        while not frames and time.time() < deadline:
+            time.sleep(0.01)
+        assert frames and frames[0][SUMMARY]["status"] == "waiting"
+    finally:
+        app.slot.release(other)
+    worker.join(timeout=120)
+    assert frames[-1][SUMMARY]["status"] == "finished" and app.jobs.remembered() == 0
+
+
+def test_tree_candidates_beyond_top_k_are_warned_as_everywhere(app, app_model):
+    spec, model = app_model
+    message, ticket, _ = app.check(*args_for(spec, model, top_k=2, tree_width=4))
+    assert ticket and "can never be accepted" in message  # it runs (exact), with the one warning
 
 
 def test_generate_clicked_during_a_run_then_stop_then_generate_runs(app, app_model):
@@ -477,9 +568,9 @@ def test_random_seeds_give_different_pictures(app, app_model):
     runs = [list(app.generate(*args_for(spec, model, seed=-1, method="sjd")))[-1] for _ in range(2)]
     seeds = [run[-1]["settings"]["seed"] for run in runs]
     assert all(run[-1]["settings"]["random_seed"] for run in runs) and seeds[0] != seeds[1]
-    assert runs[0][1].tobytes() != runs[1][1].tobytes()
+    assert panel_image(runs[0]).tobytes() != panel_image(runs[1]).tobytes()
     for run, seed in zip(runs, seeds):
-        assert f"Seed {seed} (random)" in run[5] and f"seed-{seed}" in Path(run[2]).name
+        assert f"Seed {seed} (random)" in run[STATS] and f"seed-{seed}" in Path(run[DOWNLOAD]).name
 
 
 def test_the_seed_message_says_what_the_seed_reproduces(app, app_model):
@@ -487,11 +578,11 @@ def test_the_seed_message_says_what_the_seed_reproduces(app, app_model):
     distribution, and the page says so instead of promising this picture."""
     spec, model = app_model
     rejection = list(app.generate(*args_for(spec, model, method="sjd", verify="rejection", window="auto")))[-1]
-    assert "reproduces the distribution of pictures, not this picture" in rejection[6]
-    assert "to get this picture again" not in rejection[6]
+    assert "reproduces the distribution of pictures, not this picture" in rejection[MESSAGE]
+    assert "to get this picture again" not in rejection[MESSAGE]
     assert rejection[-1]["settings"]["seed_reproduces"] == "distribution"
     gumbel = list(app.generate(*args_for(spec, model, method="sjd", verify="gumbel", window="auto")))[-1]
-    assert "enter it as the seed to get this picture again" in gumbel[6]
+    assert "enter it as the seed to get this picture again" in gumbel[MESSAGE]
     assert gumbel[-1]["settings"]["seed_reproduces"] == "picture"
 
 
@@ -514,9 +605,14 @@ def test_the_node_budget_reaches_the_run_and_its_record(app, app_model):
     spec, model = app_model
     run = list(app.generate(*args_for(spec, model, window="auto", node_budget="64")))[-1]
     record = run[-1]["settings"]
-    assert record["node_budget"] == 64 and "node budget 64" in run[5]
+    assert record["node_budget"] == 64 and "node budget 64" in run[STATS]
     message, ticket, _ = app.check(*args_for(spec, model, method="sjd", node_budget="128"))
     assert not ticket and "set the method to sjd_pac" in message and "node budget to 0 (off)" in message
+    frames = list(app.generate(*args_for(spec, model, window="auto", node_budget="auto")))
+    final = frames[-1]
+    picked = final[SUMMARY]["budget_picked"]
+    assert "node budget auto picked" in picked and picked in final[STATS]
+    assert all("node budget auto picked" in f[STATS] for f in frames[1:] if f[SUMMARY]["status"] == "progress")
 
 
 def test_the_check_finite_switch_reaches_the_loader(app_model):
@@ -584,9 +680,9 @@ def test_a_download_that_cannot_be_saved_keeps_the_picture(app, app_model, full_
     spec, model = app_model
     app.output_dir = full_folder
     final = list(app.generate(*args_for(spec, model, method="sjd")))[-1]
-    assert final[-1]["status"] == "finished" and "kept it as" in final[6]
-    assert Path(final[2]).is_file() and not Path(final[2]).is_relative_to(full_folder)
+    assert final[-1]["status"] == "finished" and "kept it as" in final[MESSAGE]
+    assert Path(final[DOWNLOAD]).is_file() and not Path(final[DOWNLOAD]).is_relative_to(full_folder)
     monkeypatch.setattr(files.tempfile, "mkdtemp", lambda prefix: str(full_folder))
     final = list(app.generate(*args_for(spec, model, method="sjd")))[-1]
-    assert final[-1]["status"] == "finished" and final[1] is not None and final[1].size[0] >= 256
-    assert "its download could not be saved" in final[6] and "free some disk space" in final[6]
+    assert final[-1]["status"] == "finished" and panel_image(final) is not None and panel_image(final).size[0] >= 256
+    assert "its download could not be saved" in final[MESSAGE] and "free some disk space" in final[MESSAGE]

@@ -111,18 +111,74 @@ def test_budget_error_is_immediate_and_a_queued_run_stopped_never_starts(served_
         page.fill("#window input", "auto")
         page.keyboard.press("Enter")
 
-        # The page keeps answering: a valid run queues behind tab 1; Stop while it waits.
+        # The page keeps answering: a valid run waits behind tab 1; a Stop ends it at once, while
+        # tab 1's comparison still holds the sampler (it used to show "Waiting" until that ended).
         page.click("#generate-btn")
         page.wait_for_function("() => !document.querySelector('#message .error-line')", timeout=5_000)
+        page.wait_for_selector("#run-stats [data-status='waiting']", timeout=10_000)
         page.click("#stop-btn")
-        assert busy.locator(running).count() == 1  # tab 2's run was still waiting when stopped
-        busy.click("#stop-btn")  # then end tab 1 early too
-        busy.wait_for_selector("#compare-summary [data-status='stopped']", state="attached", timeout=RUN_TIMEOUT)
-        assert wait_status(page, "stopped", "finished", "progress") == "stopped"
+        assert wait_status(page, "stopped", "finished", "progress", timeout=15_000) == "stopped"
+        assert busy.locator(running).count() == 1  # tab 1 still runs
         assert page.get_attribute("#run-stats [data-status]", "data-passes") == ""  # no forward pass ran
         assert "before it started" in page.inner_text("#message")
+        busy.click("#stop-btn")  # then end tab 1 early too
+        busy.wait_for_selector("#compare-summary [data-status='stopped']", state="attached", timeout=RUN_TIMEOUT)
     finally:
         busy.close()
+        page.close()
+
+
+# --- typed numbers stay; the live picture travels with the numbers --------------------------------
+
+# Every change of the live picture and of the pass counter, as the page shows them.
+WATCH_JS = """() => {
+  window.__frames = [];
+  new MutationObserver(() => {
+    const img = document.querySelector('#live-image img');
+    const card = document.querySelector('#run-stats [data-status]');
+    window.__frames.push([img ? img.src : '', card ? card.dataset.status : '', card ? card.dataset.passes : '']);
+  }).observe(document.body, {subtree: true, childList: true, attributes: true});
+}"""
+
+
+def test_typed_numbers_stay_and_the_live_picture_comes_with_its_numbers(served_app, browser):  # noqa: F811
+    from sjd_pac_app.layout import WINDOW_CHOICES
+
+    _, url = served_app
+    page = open_page(browser, url)
+    try:
+        # Enter keeps a typed L and node budget (Gradio's list made 4 into 24 and 12 into 128).
+        for selector, typed in (("#window input", "4"), ("#node-budget input", "12")):
+            page.fill(selector, typed)
+            page.keyboard.press("Enter")
+            assert page.input_value(selector) == typed
+        page.get_by_label(GUMBEL).check()
+        page.evaluate(WATCH_JS)
+        page.click("#generate-btn")
+        assert wait_status(page, "finished") == "finished"
+        line = page.inner_text("#run-stats .run-line")
+        assert "window L 4" in line and "node budget 12" in line, line  # the run used them
+        frames = page.evaluate("() => window.__frames")
+        running = [(src, passes) for src, status, passes in frames if status == "progress" and passes]
+        pictures = {src for src, _ in running if src.startswith("data:image/png;base64,")}
+        counts = {passes for _, passes in running}
+        # Each update brings its picture inline with its numbers (no file for the browser to fetch
+        # later, which busy tabs' connections held up); the page may draw two quick ones as one.
+        assert len(counts) >= 2 and len(pictures) >= max(2, len(counts) // 2), (len(pictures), len(counts))
+        assert page.locator("#live-image img").count() == 0 and page.locator("#preview-image img").first.is_visible()
+
+        field = page.locator("#window input")  # the arrow keys still pick from the list
+        field.fill("6")
+        field.press("ArrowDown")
+        field.press("Enter")
+        assert page.input_value("#window input") in WINDOW_CHOICES
+        field.fill("lots")  # and a word is kept, then refused in words when a run is asked for
+        field.press("Enter")
+        assert page.input_value("#window input") == "lots"
+        page.click("#generate-btn")
+        page.wait_for_selector("#message .error-line", timeout=10_000)
+        assert "window L must be a whole number" in page.inner_text("#message")
+    finally:
         page.close()
 
 
@@ -329,7 +385,7 @@ def test_stop_works_and_a_sixth_tab_loads_with_five_tabs_busy(served_app, browse
             pages.append(page)
         busy, waiting = pages[0], pages[1:]
         busy.fill("#window input", "1")  # SJD and SJD-PAC at L = 1 take about as long as AR: a long job
-        busy.keyboard.press("Tab")  # (Enter would pick the first choice starting with 1: 12)
+        busy.keyboard.press("Enter")  # (Enter keeps a typed value; Gradio's list would pick 12)
         assert busy.input_value("#window input") == "1"  # the long job it is meant to be
         busy.get_by_role("tab", name="Compare").click()
         set_number(busy, "#compare-repeats input", "10")

@@ -5,6 +5,7 @@ nodes/comfy_bridge.py, whose hooks are the only seam (tests inject plain callabl
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 import shutil
 import subprocess
@@ -280,7 +281,6 @@ def test_resolution_is_checked_against_the_model_at_run_time(pack, bridge, handl
     (dict(batch_size=0), "batch_size"),
     (dict(method="fast"), "method"),
     (dict(verify="exact"), "verify"),
-    (dict(top_k=2, tree_width=4), "tree_width"),
     (dict(tree_depth=9), "D <= 4"),
     (dict(tree_width=0), "tree_width"),
     (dict(temperature=1e-45), "temperature = 1e-45 is below"),  # inside the widget's range
@@ -300,16 +300,143 @@ def test_bad_knobs_fail_before_model_work_with_the_fix(pack, bridge, handle, bad
     assert word in str(info.value) and one_sentence(str(info.value)) and not calls, str(info.value)
 
 
-def test_tree_width_error_is_one_sentence_shown_once(pack):
-    """ComfyUI repeats a VALIDATE_INPUTS failure for every input it names (four times for the
-    K <= top-k rule): the sampler names none, and the rule is one sentence raised by the node."""
+def comfy_validation(cls, inputs: dict) -> list:
+    """The rows ComfyUI 0.3.x files for a node's VALIDATE_INPUTS (execution.py, validate_inputs):
+    the method gets the inputs it names that the prompt holds (a linked one, [node, slot], as None),
+    and a refusal is filed once for every input it got."""
+    names = inspect.getfullargspec(cls.VALIDATE_INPUTS).args
+    given = {k: (None if isinstance(v, list) else v) for k, v in inputs.items() if k in names}
+    result = cls.VALIDATE_INPUTS(**given)
+    if result is True:
+        return []
+    return [{"type": "custom_validation_failed", "message": "Custom validation failed for node",
+             "details": f"{name} - {result}", "extra_info": {"input_name": name}} for name in given]
+
+
+def widget_inputs(**changes) -> dict:
+    """The sampler's widget values as a prompt holds them: the shipped defaults (-1 = the model's)."""
+    values = dict(sampler_args(), cfg_scale=-1.0, temperature=-1.0, top_k=-1, top_p=-1.0, window=-1, tree_depth=-1,
+                  tree_width=-1, seed_control="randomize", compile=False, node_budget=0)
+    values.update(changes)
+    return values
+
+
+@pytest.mark.parametrize("bad, words", [
+    (dict(temperature=0.0), "temperature must be > 0"),  # inside the widget's range (-1 = the model's)
+    (dict(temperature=-0.5), "temperature must be > 0"),
+    (dict(top_p=0.0), "top_p must be above 0"),
+    (dict(cfg_scale=-0.5), "cfg_scale must be >= 0"),
+    (dict(tree_depth=0), "tree_depth (D) must be an integer >= 1"),
+    (dict(tree_width=0), "tree_width (K) must be an integer >= 1"),
+    (dict(method="fast"), "Unknown method 'fast'"),  # ComfyUI leaves the named inputs' lists to the node
+    (dict(node_budget=5000), "1 to 1024 nodes per pass"),  # ...and their ranges
+    (dict(method="sjd", node_budget=128), "set the method to sjd_pac"),
+    (dict(tree_depth=1, node_budget=128), "tree depth D of 2 or more"),
+    (dict(node_budget=-1, compile=True), "compiled run"),
+])
+def test_input_mistakes_are_refused_by_validation_in_the_run_time_words(pack, bad, words):
+    """ComfyUI's validation (VALIDATE_INPUTS) refuses them before anything runs, with the sentence
+    the node would raise when run (the one conversion, shared with the CLI and the app)."""
     cls = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]
-    assert not hasattr(cls, "VALIDATE_INPUTS")
+    rows = comfy_validation(cls, widget_inputs(**bad))
+    assert rows and len({r["details"].split(" - ", 1)[1] for r in rows}) == 1
+    sentence = rows[0]["details"].split(" - ", 1)[1]
+    assert words in sentence and one_sentence(sentence), sentence
     sampler = submodule("sampler")
-    with pytest.raises(Exception) as info:
-        sampler.make_config("sjd_pac", 32, 3, 4, "rejection", 2.0, 1.0, 2, 1.0)
-    assert str(info.value).count("is larger than top_k") == 1 and one_sentence(str(info.value))
-    assert sampler.make_config("sjd", 32, 3, 4, "rejection", 2.0, 1.0, 2, 1.0).tree_width == 4  # no tree
+    with pytest.raises(Exception) as info:  # the same words when the node runs (a host without validation)
+        sampler.make_config(*(widget_inputs(**bad)[k] for k in ("method", "window", "tree_depth", "tree_width",
+                                                                 "verify", "cfg_scale", "temperature", "top_k",
+                                                                 "top_p")),
+                            compile=widget_inputs(**bad)["compile"], node_budget=widget_inputs(**bad)["node_budget"])
+    assert str(info.value) == sentence
+
+
+def test_validation_passes_what_runs_linked_inputs_and_old_workflows(pack):
+    cls = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]
+    assert comfy_validation(cls, widget_inputs()) == []  # the shipped defaults
+    for good in (dict(temperature=0.01), dict(top_p=1.0), dict(node_budget=-1), dict(node_budget=128, window=0),
+                 dict(tree_depth=4, tree_width=5), dict(top_k=2, tree_width=4), dict(method="ar", tree_width=5)):
+        assert comfy_validation(cls, widget_inputs(**good)) == [], good
+    assert comfy_validation(cls, widget_inputs(temperature=["7", 0])) == []  # linked: checked when it runs
+    old = {k: v for k, v in widget_inputs().items() if k not in ("compile", "node_budget")}
+    assert comfy_validation(cls, old) == []  # saved before the optional inputs existed
+    text_to_image = pack.NODE_CLASS_MAPPINGS["SJDPACTextToImage"]
+    assert comfy_validation(text_to_image, dict(method="sjd_pac", node_budget=-1)) == []
+    rows = comfy_validation(text_to_image, dict(method="ar", node_budget=128))
+    assert rows and "set the method to sjd_pac" in rows[0]["details"]
+
+
+def test_validation_names_real_inputs_and_leaves_the_rest_to_comfyui(pack):
+    """ComfyUI skips its own range and list check for every input VALIDATE_INPUTS names: each name
+    must be an input, and every knob it does not name must hold no value the sampler refuses
+    anywhere in its widget range (its ends, 0 and -1)."""
+    sampler = submodule("sampler")
+    for node in ("SJDPACSampler", "SJDPACTextToImage", "LoadARImageModel"):
+        cls = pack.NODE_CLASS_MAPPINGS[node]
+        spec = cls.INPUT_TYPES()
+        inputs = {**spec["required"], **spec.get("optional", {})}
+        named = inspect.getfullargspec(cls.VALIDATE_INPUTS).args[1:]
+        assert named and set(named) <= set(inputs), (node, named)
+    req = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"].INPUT_TYPES()["required"]
+    named = inspect.getfullargspec(pack.NODE_CLASS_MAPPINGS["SJDPACSampler"].VALIDATE_INPUTS).args
+    for knob in ("window", "top_k"):
+        assert knob not in named
+        opts = req[knob][1]
+        for value in {opts["min"], opts["max"], 0, -1, 1} & set(range(opts["min"], opts["max"] + 1)):
+            assert sampler.widget_problem(**{knob: value}) is None, (knob, value)
+
+
+def test_the_loader_refuses_quantizing_the_demo_before_loading(pack, bridge, model_setup):
+    choice, _ = model_setup
+    loader = pack.NODE_CLASS_MAPPINGS["LoadARImageModel"]
+    rows = comfy_validation(loader, dict(model=choice, dtype="auto", device="auto", quantize="int8"))
+    sentence = rows[0]["details"].split(" - ", 1)[1]
+    assert "set quantize to none" in sentence and one_sentence(sentence) and "device_map" not in sentence
+    assert comfy_validation(loader, dict(model=choice, dtype="auto", device="auto", quantize="none")) == []
+    assert comfy_validation(loader, dict(model=choice, dtype="auto", device="auto", quantize="auto")) == []
+    assert comfy_validation(loader, dict(model=choice, dtype="auto", device="auto")) == []  # saved before quantize
+    bad = comfy_validation(loader, dict(model=choice, dtype="auto", device="auto", quantize="8bit"))
+    assert "quantize must be one of none, int8, 4bit, auto" in bad[0]["details"]
+
+
+def test_k_above_top_k_runs_and_warns_as_in_the_app_and_the_cli(pack, bridge, handle):
+    """One rule on every surface: K above top-k is lossless but wastes nodes, so the node runs it
+    and SJD Stats warns, in the words of settings.pointless_setting_warnings."""
+    from sjd_pac_core.settings import pointless_setting_warnings
+
+    nodes = pack.NODE_CLASS_MAPPINGS
+    _, stats = nodes["SJDPACSampler"]().sample(handle, **sampler_args(top_k=2, tree_width=4, tree_depth=2))
+    text = nodes["SJDStats"]().report(stats)["result"][1]
+    (warning,) = [w for w in pointless_setting_warnings(stats.config) if "top-k" in w]
+    assert f"warning: {warning}" in text and "can never be accepted" in warning
+    assert stats.tokens_committed == stats.runs[0].num_tokens
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_a_refusal_shows_once_in_the_front_end(pack, tmp_path):
+    """web/sjd_pac_errors.js folds ComfyUI's one row per named input into one row, on the input the
+    sentence names; other rows and other nodes' rows stay."""
+    import json
+
+    cls = pack.NODE_CLASS_MAPPINGS["SJDPACSampler"]
+    rows = comfy_validation(cls, widget_inputs(temperature=0.0))
+    assert len(rows) > 1  # what ComfyUI sends
+    other = {"type": "value_bigger_than_max", "message": "Value 99 bigger than max of 16", "details": "batch_size",
+             "extra_info": {"input_name": "batch_size"}}
+    payload = {"3": {"class_type": "SJDPACSampler", "errors": rows + [other], "dependent_outputs": ["9"]},
+               "4": {"class_type": "KSampler", "errors": rows, "dependent_outputs": ["9"]}}
+    script = tmp_path / "t.mjs"
+    script.write_text(f'import {{ collapseRefusals }} from "{REPO / "web" / "sjd_pac_errors.js"}";\n'
+                      f"console.log(JSON.stringify(collapseRefusals({json.dumps(payload)})));\n")
+    out = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    ours = result["3"]["errors"]
+    assert len(ours) == 2 and ours[1] == other
+    assert ours[0]["details"] == rows[0]["details"].split(" - ", 1)[1]
+    assert "temperature must be > 0" in ours[0]["details"]
+    assert ours[0]["extra_info"]["input_name"] == "temperature"  # the input the sentence names
+    assert len(result["4"]["errors"]) == len(rows)  # another pack's node: untouched
 
 
 def test_compile_is_an_optional_sampler_switch(pack):
@@ -366,8 +493,16 @@ def test_node_budget_runs_and_is_recorded(pack, bridge, handle):
                                                extra_pnginfo=extra)
     assert stats.config.node_budget == 64 and extra["sjd_pac"]["4"]["node_budget"] == 64
     assert "node budget 64" in nodes["SJDStats"]().report(stats)["result"][1]
-    _, auto = nodes["SJDPACTextToImage"]().generate(handle, "a blue square", 5, "sjd_pac", node_budget=-1)
+    events = []
+    bridge.hooks.event = lambda name, data: events.append(data)
+    _, auto = nodes["SJDPACTextToImage"]().generate(handle, "a blue square", 5, "sjd_pac", node_budget=-1,
+                                                    unique_id="5")
     assert auto.config.node_budget == "auto" and auto.tokens_committed == auto.runs[0].num_tokens
+    picked = [r.envelope - 1 for r in auto.runs[0].records[1:]]  # what 'auto' chose, pass by pass
+    text = nodes["SJDStats"]().report(auto)["result"][1]
+    assert f"node budget auto picked {min(picked)}" in text and f"{max(picked)} nodes per pass" in text
+    assert events and {e["budget"] for e in events} - {None} <= set(picked) and events[-1]["budget"] == picked[-1]
+    assert "node budget" not in nodes["SJDStats"]().report(stats)["result"][1].split("settings:")[1].split("\n", 1)[1]
 
 
 def test_tree_widgets_cannot_exceed_the_budget(pack):
@@ -704,11 +839,15 @@ def test_web_chart_logic(tmp_path):
         'c = applyProgress(c, {accepted: [10], passes: 3, committed: 16, num_tokens: 272, step_compression: 5.33,'
         ' done: true, image: 0, batch_size: 1});\n'
         'console.log(JSON.stringify({a: c.accepted, c: c.compression, done: c.done, label: chartLabel(c)}));\n'
+        'c = applyProgress(c, {reset: true, accepted: [1, 4], passes: 2, committed: 5, num_tokens: 272, budget: 48});\n'
+        'console.log(JSON.stringify({auto: chartLabel(c)}));\n'
     )
     out = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert '"a":[1,5,10]' in out.stdout and '"c":[1,3,5.333333333333333]' in out.stdout
     assert '"done":true' in out.stdout and "16/272 tokens" in out.stdout
+    assert "16/272 tokens · 5.33x · done" in out.stdout.splitlines()[0]  # no budget said without one
+    assert "auto budget 48" in out.stdout.splitlines()[1]  # node_budget auto: what the last pass picked
     check = subprocess.run(["node", "--check", str(REPO / "web" / "sjd_pac.js")], capture_output=True, timeout=30)
     assert check.returncode == 0, check.stderr
 

@@ -53,6 +53,20 @@ def test_a_shape_certainly_slower_than_ar_is_named_before_the_run(knobs, curve, 
         assert f"about {curve(nodes) / curve(1):.1f} one-token passes" in note
 
 
+def test_a_slow_node_budget_names_the_budget_not_d_and_k():
+    """A node budget sizes its own tree (D and K are not used): the fix names the budget, L (which
+    caps the main chain) and the automatic budget in the front end's words, before and during a run."""
+    config = sp.SamplerConfig(method="sjd_pac", window=4, node_budget=128)
+    note = pass_cost.slower_than_ar(config, CPU, "this CPU", budget_auto="node_budget -1 (auto)")
+    assert note is not None and "A pass of node budget 128 (129 tokens)" in note, note
+    assert note.endswith("use a smaller node budget or a larger L, or node_budget -1 (auto).")
+    assert " D" not in note and "K" not in note and note.count(". ") == 0
+    during = pass_cost.running_slower_than_ar(config, 8, 1.0, 9.0, "this CPU")
+    assert during.endswith("use a smaller node budget or a larger L, or node budget 'auto'.") and "K" not in during
+    tree = pass_cost.slower_than_ar(sp.SamplerConfig(method="sjd_pac", window=4, **BIG_TREE), CPU, "this CPU")
+    assert "smaller D or K" in tree  # without a budget the tree's knobs are the fix
+
+
 def run_stats(committed, envelope: int, seconds) -> RunStats:
     """Hand-made pass records: the prompt's pass (one token), then passes committing `committed`
     tokens in `seconds` of forward time each; the image is four times what they commit, so the

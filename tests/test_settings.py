@@ -236,3 +236,35 @@ def test_what_a_seed_reproduces_is_said_in_the_run_record(fields, reproduces):
     assert (note is None) is reproduces
     if note:
         assert "reproduces the distribution of pictures, not this picture" in note and "gumbel" in note
+
+
+# --- tree candidates beyond top-k: one warning on every surface ---------------------------------
+
+@pytest.mark.parametrize("knobs, fix", [
+    (dict(top_k=2, tree_first_width=None), "use tree width K <= 2 or a top-k of at least 4 (0 = off)"),
+    (dict(top_k=4), "use tree first width <= 4 or a top-k of at least 8 (0 = off)"),  # K fits, the first level not
+    (dict(top_k=2), "use tree width K <= 2 and tree first width <= 2 or a top-k of at least 8"),
+])
+def test_tree_candidates_beyond_top_k_are_a_warning_with_the_fix(knobs, fix):
+    """The run is exact (the sampler marks such candidates), so the CLI, the nodes and the app all
+    run it and say so in one sentence; a setting that fits top-k, has no tree or a node budget
+    (which does not use K) says nothing."""
+    from sjd_pac_core.settings import pointless_setting_warnings
+
+    config = sp.SamplerConfig(method="sjd_pac", **knobs)
+    (note,) = pointless_setting_warnings(config)
+    assert fix in note and "can never be accepted" in note and note.count(". ") == 0, note
+    for fine in (dict(top_k=8), dict(top_k=None), dict(top_k=2, node_budget=64), dict(top_k=2, method="sjd"),
+                 dict(top_k=2, tree_depth=1)):
+        assert pointless_setting_warnings(config.with_(**fine)) == [], fine
+
+
+def test_the_auto_budget_says_what_it_picked():
+    from sjd_pac_core.settings import auto_budget_line
+
+    auto = sp.SamplerConfig(node_budget="auto")
+    assert auto_budget_line(auto, [0, 49, 49]) == "node budget auto picked 48 nodes per pass"
+    assert auto_budget_line(auto, [0, 33, 49, 49, 65]) == ("node budget auto picked 32 to 64 nodes per pass, "
+                                                          "48 on most passes")
+    assert auto_budget_line(auto, [0]) is None  # nothing picked yet
+    assert auto_budget_line(sp.SamplerConfig(node_budget=64), [0, 65]) is None  # a fixed budget is in the settings line

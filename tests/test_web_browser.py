@@ -1,7 +1,8 @@
 """The web extension in a real browser (Debian's chromium via Python Playwright; never `playwright
 install`), without ComfyUI: web/sjd_pac_sizes.js narrows the sampler's resolution widget to the sizes
-the server route answers for the model its loader names, on a fake LiteGraph graph; and web/sjd_pac.js
-served by two copies of the pack registers once and throws nothing."""
+the server route answers for the model its loader names, on a fake LiteGraph graph; web/sjd_pac.js
+served by two copies of the pack registers once and throws nothing; and its setup makes the front end
+see a refusal of our nodes' inputs once (web/sjd_pac_errors.js)."""
 
 from __future__ import annotations
 
@@ -153,3 +154,44 @@ def test_a_second_copy_of_the_pack_registers_nothing_and_throws_nothing(tmp_path
         }""")
     assert out["errors"] == []
     assert out["names"] == ["sjd_pac.live_chart"]  # registered once, by the first copy
+
+
+# --- a refusal shown once: the wiring of sjd_pac_errors.js into the front end --------------------
+
+QUEUE_API_JS = """export const api = {
+  fetchApi: async () => ({ ok: false }),
+  addEventListener() {},
+  async queuePrompt(number, prompt) {  // as ComfyUI answers a prompt its validation refused
+    const rows = ['temperature', 'top_p', 'method'].map((name) => ({
+      type: 'custom_validation_failed', message: 'Custom validation failed for node',
+      details: `${name} - temperature must be > 0, got 0.0; use 1.0.`, extra_info: { input_name: name } }));
+    const error = new Error('Prompt execution failed');
+    error.response = { error: { type: 'prompt_outputs_failed_validation' },
+                       node_errors: { '2': { class_type: 'SJDPACSampler', errors: rows, dependent_outputs: ['9'] } } };
+    throw error;
+  },
+};
+"""
+
+
+def test_the_front_end_sees_a_refusal_once(tmp_path):
+    """The extension's setup wraps api.queuePrompt (once, with two copies of the pack), so the error
+    the front end shows and outlines carries one row, on the input the sentence names."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "app.js").write_text(APP_JS)
+    (tmp_path / "scripts" / "api.js").write_text(QUEUE_API_JS)
+    shutil.copytree(WEB, tmp_path / "extensions" / "sjd-pac")
+    (tmp_path / "index.html").write_text("<!doctype html><title>refusal</title>")
+    with page_serving(tmp_path) as page:
+        out = page.evaluate("""async () => {
+          await import('/extensions/sjd-pac/sjd_pac.js');
+          const { app } = await import('/scripts/app.js');
+          const { api } = await import('/scripts/api.js');
+          await app.extensions[0].setup();
+          await app.extensions[0].setup();  // a second setup does not wrap twice
+          try { await api.queuePrompt(0, {}); } catch (e) { return e.response.node_errors['2'].errors; }
+          return null;
+        }""")
+    assert out == [{"type": "custom_validation_failed", "message": "Custom validation failed for node",
+                    "details": "temperature must be > 0, got 0.0; use 1.0.",
+                    "extra_info": {"input_name": "temperature"}}]

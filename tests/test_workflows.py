@@ -310,6 +310,46 @@ def test_workflow_fits_a_screen_readably_without_overlaps(path):
             assert not overlap, f"{path.name}: node {nodes[i]['id']} covers node {nodes[j]['id']}"
 
 
+# ComfyUI's front end opens a workflow at the view saved in it (extra.ds, with the setting "save
+# and restore canvas position and zoom level", on by default): a node at graph position p is drawn
+# at (p + offset) * scale on the canvas, with its title bar (TITLE_BAR px) above p. The canvas fills
+# the window, but the menu bar lies over its top edge and the side bar over its left edge.
+WINDOW = (1600, 1000)  # a laptop's browser window
+MENU_BAR, SIDE_BAR = 45, 50  # px of the canvas they cover, at the top and on the left
+
+
+@pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.name)
+def test_workflow_opens_whole_in_a_1600_by_1000_window(path):
+    """Every node, title bar included, lies in the part of a 1600 x 1000 canvas that the menu and
+    side bars leave free, at the view the workflow opens with: nothing to scroll to or zoom out for
+    (the demo was 1,820 px wide, the comparison 2,240 px, with Save Image cut off)."""
+    wf = load(path)
+    view = wf["extra"]["ds"]
+    scale, (dx, dy) = view["scale"], view["offset"]
+    assert scale >= 0.7, f"{path.name}: opens at {scale:.0%}, too small to read"
+    for n in wf["nodes"]:
+        (x, y), (w, h) = n["pos"], n["size"]
+        left, top = (x + dx) * scale, (y - TITLE_BAR + dy) * scale
+        right, bottom = (x + w + dx) * scale, (y + h + dy) * scale
+        assert left >= SIDE_BAR and top >= MENU_BAR, f"{path.name}: node {n['id']} ({n['type']}) under the bars"
+        assert right <= WINDOW[0] and bottom <= WINDOW[1], (
+            f"{path.name}: node {n['id']} ({n['type']}) ends at ({right:.0f}, {bottom:.0f}), outside {WINDOW}")
+
+
+@pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.name)
+def test_real_families_ship_the_recommended_gpu_budget(path, pack):
+    """The real families run on a GPU, where a pass of up to ~128 nodes costs about one token's: their
+    samplers ship node budget 128 (with the model's L, 64), as the docs recommend; the demo runs on a
+    CPU, where every node costs, without one (and its file keeps the shape saved before the budget)."""
+    samplers = [_widgets(n) for n in load(path)["nodes"] if n["type"] == "SJDPACSampler"]
+    if MODEL_FOLDERS[path.name] == "demo":
+        assert all(s.get("node_budget", 0) == 0 for s in samplers)
+        return
+    assert samplers and {s["node_budget"] for s in samplers} == {128} and {s["method"] for s in samplers} == {"sjd_pac"}
+    notes = " ".join(n["widgets_values"][0] for n in load(path)["nodes"] if n["type"] == "Note")
+    assert "node_budget 128" in notes and "set it to 0" in notes
+
+
 def test_comparison_nodes_say_which_method_they_show(pack):
     wf = load(WORKFLOWS / COMPARE_WF)
     _, _, widgets = node_spec("SJDPACSampler")

@@ -1,10 +1,12 @@
 // ComfyUI front-end extension of sjd-pac: a live chart on the SJD-PAC Sampler node (tokens accepted
 // per forward pass and the running step compression), fed by the server's "sjd_pac.progress"
 // messages, the summary text drawn on the SJD Stats node after it runs, and the sampler's
-// resolution list narrowed to the sizes of the model its loader names (sjd_pac_sizes.js).
+// resolution list narrowed to the sizes of the model its loader names (sjd_pac_sizes.js), and a
+// refusal of our nodes' inputs shown once, not once per input (sjd_pac_errors.js).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { SUMMARY_FONT, SUMMARY_LINE_HEIGHT, applyProgress, drawChart, emptyChart, summaryLayout } from "./sjd_pac_chart.js";
+import { collapseRefusals } from "./sjd_pac_errors.js";
 import { LOADER_TYPE, RESOLUTION_NODES, ROUTE, createSizeLookup, refreshResolutions } from "./sjd_pac_sizes.js";
 
 const lookupSizes = createSizeLookup(async (model) => {
@@ -83,6 +85,25 @@ function fitSummary(node, bottom) {
 
 const EXTENSION = "sjd_pac.live_chart";
 
+/** The front end queues every prompt through api.queuePrompt and shows the node_errors of its
+ * answer (a 400's on the error it throws): collapse our nodes' repeated refusal rows there. */
+function collapseRefusalsOfQueuedPrompts() {
+  const queuePrompt = api.queuePrompt;
+  if (typeof queuePrompt !== "function" || queuePrompt.sjdPacCollapses) return;
+  const wrapped = async function (...args) {
+    try {
+      const answer = await queuePrompt.apply(this, args);
+      collapseRefusals(answer?.node_errors);
+      return answer;
+    } catch (error) {
+      collapseRefusals(error?.response?.node_errors);
+      throw error;
+    }
+  };
+  wrapped.sjdPacCollapses = true;
+  api.queuePrompt = wrapped;
+}
+
 // Two copies of the pack (a Manager install beside a git clone) both serve this file: the front end
 // throws on a second registration of one name, so the second copy steps aside (its nodes are the
 // same; the Python side says which copies are loaded).
@@ -146,6 +167,7 @@ const extension = {
   },
 
   async setup() {
+    collapseRefusalsOfQueuedPrompts();
     api.addEventListener("sjd_pac.progress", ({ detail }) => {
       if (!detail || detail.node == null) return;
       const node = app.graph?.getNodeById?.(Number(detail.node)) ?? app.graph?.getNodeById?.(detail.node);

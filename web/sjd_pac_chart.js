@@ -5,7 +5,8 @@ export const MAX_BARS = 400;
 
 /** A fresh chart state. */
 export function emptyChart() {
-  return { accepted: [], compression: [], committed: 0, numTokens: 0, passes: 0, method: "", image: 0, batch: 1, done: false };
+  return { accepted: [], compression: [], committed: 0, numTokens: 0, passes: 0, method: "", image: 0, batch: 1,
+           budget: null, done: false };
 }
 
 /** Fold one "sjd_pac.progress" message into the chart state; returns the state. */
@@ -29,6 +30,7 @@ export function applyProgress(chart, msg) {
   chart.image = msg.image ?? chart.image;
   chart.batch = msg.batch_size ?? chart.batch;
   chart.stepCompression = msg.step_compression ?? chart.stepCompression;
+  chart.budget = msg.budget ?? chart.budget; // node_budget auto: what its last pass picked
   chart.done = !!msg.done && chart.image + 1 >= chart.batch;
   return chart;
 }
@@ -38,7 +40,8 @@ export function chartLabel(chart) {
   if (!chart || !chart.accepted.length) return "SJD-PAC: tokens accepted per pass appear here while sampling";
   const img = chart.batch > 1 ? ` · image ${chart.image + 1}/${chart.batch}` : "";
   const sc = (chart.stepCompression ?? 0).toFixed(2);
-  return `${chart.method} · pass ${chart.passes} · ${chart.committed}/${chart.numTokens} tokens · ${sc}x${img}${chart.done ? " · done" : ""}`;
+  const budget = chart.budget ? ` · auto budget ${chart.budget}` : "";
+  return `${chart.method} · pass ${chart.passes} · ${chart.committed}/${chart.numTokens} tokens · ${sc}x${budget}${img}${chart.done ? " · done" : ""}`;
 }
 
 /** Draw the chart into the rectangle (x, y, w, h) of a 2D canvas context. */

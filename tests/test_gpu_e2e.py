@@ -124,8 +124,11 @@ def test_tiny_command_reports_every_row_with_ars_tokens_and_a_failing_control(tm
     env = record["environment"]
     assert env["torch"] and env["transformers"] and env["date_utc"]
     assert record["command"] == f"python benchmarks/gpu_e2e.py --tiny --device cpu --out {out}"
+    top = record["headline"]
+    assert top["best"] in methods and top["fastest_plain_ar"] in methods and top["best_returned_ar_tokens"] is True
     report = (out / "gpu_e2e.md").read_text()
-    assert "vs fastest plain AR" in report and "no, as it must" in report
+    assert "vs fastest plain AR" in report and "Fastest SJD-PAC row" in report and "no, as it must" in report
+    assert not (out / e2e.PARTIAL_FILE).exists()  # the runs so far are gone once the record is written
 
 
 @pytest.mark.parametrize("argv, says", [

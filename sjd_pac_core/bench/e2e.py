@@ -52,6 +52,8 @@ import torch
 from .. import arguments
 from ..config import PROBE_SIZES, ConfigError, SamplerConfig
 from .methods import MethodSpec, parse_method, parse_methods
+from .shapes import Shape
+from .twin import TwinImageModel
 
 DEFAULT_METHODS = ("generate-static,generate-static:compile,ar,ar:compile,sjd-pac@64,sjd-pac@64:compile,"
                    "sjd-pac@auto:b32,sjd-pac@auto:compile:b32,sjd-pac@auto:b64,sjd-pac@auto:compile:b64,"
@@ -61,6 +63,7 @@ TINY_SHAPE = "lumina-mgpt-tiny"
 # --tiny compiles with this torch.compile backend: the same graphs and guards, no generated kernels
 # (what the engine's tests use), so the CPU check takes seconds.
 TINY_COMPILE_BACKEND = "aot_eager"
+PARTIAL_FILE = "gpu_e2e.partial.json"  # the runs so far, removed when the record is written
 
 
 @dataclass(frozen=True)
@@ -159,14 +162,9 @@ def pass_rows(rows: Sequence[Row], big: str = "7B shape") -> List[Row]:
             for compiled in modes for size in [1] + [1 + b for b in budgets]]
 
 
-def check_configs(rows: Sequence[Row], base: SamplerConfig) -> None:
-    """Every sampler row's SamplerConfig, built before any work (ConfigError: its sentence)."""
-    for row in rows:
-        if row.kind != "generate":
-            row.spec.config(base.with_(verify="gumbel"))
-
-
 def row_config(row: Row, base: SamplerConfig) -> SamplerConfig:
+    """The row's SamplerConfig (generate rows: its recipe) under the gumbel rule; ConfigError: its
+    sentence, which check_setup shows before any work."""
     return row.spec.config(base.with_(verify="gumbel"))
 
 
@@ -334,6 +332,19 @@ def _pass_figures(results: List[RowResult], costs: Sequence[PassCost]) -> None:
             r.bound_tokens_per_s = steps * 1000 / r.pass_ms
 
 
+def headline(results: Sequence[RowResult]) -> Dict[str, object]:
+    """The fastest plain-AR row and the fastest SJD-PAC row, with its ratios."""
+    timed = [r for r in results if r.kind != "pass" and r.tokens_per_s]
+    plain = [r for r in timed if r.kind == "generate" or parse_method(r.key).is_ar]
+    ours = [r for r in timed if r.kind == "sampler" and not parse_method(r.key).is_ar]
+    fastest = max(plain, key=lambda r: r.tokens_per_s, default=None)
+    best = max(ours, key=lambda r: r.tokens_per_s, default=None)
+    return {"fastest_plain_ar": fastest.key if fastest else None, "best": best.key if best else None,
+            "best_vs_fastest_ar": best.vs_fastest_ar if best else None,
+            "best_vs_eager_generate": best.vs_eager_generate if best else None,
+            "best_returned_ar_tokens": best.ar_tokens if best else None}
+
+
 # --- the report --------------------------------------------------------------------------------------
 
 
@@ -348,8 +359,8 @@ def markdown(record: Dict[str, object]) -> str:
              f"{env.get('git_commit') or '-'}; `{record['command']}`", "",
              f"Twin: {setup['twin']}, the cost of {setup['shape']['note']}; {setup['tokens_per_image']} image tokens "
              f"per run at context {setup['context_start']}-{setup['context_end']} (a whole image: "
-             f"{setup['cache_positions']} positions), "
-             f"{setup['dtype']} (the demo in {setup['demo_dtype']}), CFG {setup['cfg_scale']}, temperature {setup['temperature']}, gumbel; "
+             f"{setup['cache_positions']} positions), {setup['dtype']} (the demo in {setup['demo_dtype']}), "
+             f"CFG {setup['cfg_scale']}, temperature {setup['temperature']}, gumbel; "
              f"{setup['prompts']} prompt(s) x {setup['rounds']} interleaved rounds, seed {setup['seed']}. "
              f"Compile backend: {setup['compile_backend']}.", "",
              "| row | AR's tokens | step compression | tokens/s | vs fastest plain AR | vs eager generate | "
@@ -370,6 +381,13 @@ def markdown(record: Dict[str, object]) -> str:
         if r["kind"] == "pass":
             lines.append(f"| {r['label']} | {_cell(r['pass_ms'])} | {_cell(r['pass_vs_one_node'])}x | "
                          f"{_cell(r['bound_tokens_per_s'], '{:.1f}')} |")
+    top = record["headline"]
+    if top["best"]:
+        labels = {r["key"]: r["label"] for r in record["rows"]}
+        lines[6:6] = [f"**Fastest SJD-PAC row: {labels[top['best']]}, {_cell(top['best_vs_fastest_ar'])}x the tokens "
+                      f"per second of the fastest plain AR ({labels[top['fastest_plain_ar']]}), "
+                      f"{_cell(top['best_vs_eager_generate'])}x eager generate; AR's tokens: "
+                      f"{'yes' if top['best_returned_ar_tokens'] else 'NO'}.**", ""]
     control = record["control"]
     lines += ["", f"Planted control ({control['row']} with seed {control['seed']}): returned AR's tokens: "
               f"{'yes - the check is broken' if control['ar_tokens'] else 'no, as it must (the check can fail)'}.",
@@ -399,7 +417,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true",
-                   help="a tiny Chameleon instead of the 7B shape, the aot_eager compile backend: seconds on a CPU (CI)")
+                   help="a tiny Chameleon instead of the 7B shape, the aot_eager compile backend, two image rows: "
+                        "seconds on a CPU (CI)")
     p.add_argument("--methods", default=DEFAULT_METHODS,
                    help="rows, in `sjd-pac bench` method keys (default: every row of the description)")
     p.add_argument("--prompts", type=arguments.whole(1, 1000), default=1, help="demo prompts per round (default 1)")
@@ -442,7 +461,8 @@ def check_setup(args: argparse.Namespace):
                          f"or {tiny_hint.replace(' --device cpu', '')}.")
     try:
         rows = method_rows(args.methods, big_name(args.tiny))
-        check_configs(rows, SamplerConfig())
+        for row in rows:
+            row_config(row, SamplerConfig())
     except (ValueError, ConfigError) as exc:
         raise SystemExit(f"--methods: {exc}") from None
     if not any(r.kind == "sampler" for r in rows):
@@ -461,11 +481,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     backend = args.compile_backend or (TINY_COMPILE_BACKEND if args.tiny else None)
     if args.threads or device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
-    with compile_backend(backend):
-        record = run(args, device, rows, backend, command="python benchmarks/gpu_e2e.py " + shlex.join(argv))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    with compile_backend(backend):
+        record = run(args, device, rows, backend, command="python benchmarks/gpu_e2e.py " + shlex.join(argv),
+                     partial=out / PARTIAL_FILE)
     (out / "gpu_e2e.json").write_text(json.dumps(record, indent=1, default=float))
+    (out / PARTIAL_FILE).unlink(missing_ok=True)
     report = markdown(record)
     (out / "gpu_e2e.md").write_text(report + "\n")
     print(report)
@@ -482,9 +504,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 class Setup:
     """What the run is built from (one per command)."""
 
-    shape: object  # bench.shapes.Shape
+    shape: Shape
     dtype: torch.dtype
-    twin: object  # bench.twin.TwinImageModel
+    twin: TwinImageModel
     base: SamplerConfig  # the twin's defaults under the gumbel rule
     prompts: List[str]
     seed: int
@@ -508,11 +530,11 @@ def build(args: argparse.Namespace, device: torch.device, rows: Sequence[Row], b
     from .baselines import GenerateBaseline, prompt_width
     from .runner import load_prompts
     from .shapes import SHAPES, TINY_SHAPES, build_random_model, family_adapter, image_token_ids
-    from .twin import TwinImageModel
 
     shape = TINY_SHAPES[TINY_SHAPE] if args.tiny else SHAPES[SHAPE]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    print(f"building {shape.note} with random weights ({str(dtype)[6:]}) and the demo model on {device} ...", flush=True)
+    print(f"building {shape.note} with random weights ({str(dtype)[6:]}) and the demo model on {device} ...",
+          flush=True)
     torch.manual_seed(0)  # the same random weights every time
     big = build_random_model(shape, dtype, device)
     with warnings.catch_warnings():
@@ -520,7 +542,8 @@ def build(args: argparse.Namespace, device: torch.device, rows: Sequence[Row], b
         # fp32 on every device: its logits decide every token, and bf16's near-ties would flip some
         # between pass sizes (bench/numerics.py counts them); its cost is nothing beside the big model's
         demo = sp.load_model("demo", device=str(device), dtype="fp32")
-    twin = TwinImageModel(demo, family_adapter(big, shape, device), shape, args.image_rows or (2 if args.tiny else None))
+    rows_sampled = args.image_rows or (2 if args.tiny else None)
+    twin = TwinImageModel(demo, family_adapter(big, shape, device), shape, rows_sampled)
     setup = Setup(shape, dtype, twin, twin.defaults.sampler_config(verify="gumbel"), load_prompts("demo", args.prompts),
                   args.seed, args.rounds or (2 if args.tiny else 3), args.pass_rounds or (2 if args.tiny else 10),
                   backend)
@@ -541,8 +564,9 @@ def build(args: argparse.Namespace, device: torch.device, rows: Sequence[Row], b
 class Bench:
     """The runs of one command, and their checks against AR's tokens."""
 
-    def __init__(self, setup: Setup) -> None:
+    def __init__(self, setup: Setup, partial: Optional[Path] = None) -> None:
         self.setup = setup
+        self.partial = partial  # where the runs so far are written after every phase and round
         self.runs: List[Run] = []
         self.checks: Dict[str, List[bool]] = {}  # row -> every check of its tokens
         self.reference: Dict[int, torch.Tensor] = {}  # prompt -> our eager AR's tokens on the twin
@@ -554,7 +578,13 @@ class Bench:
         self.checks.setdefault(key, []).append(same)
         return same
 
-    def run_row(self, row: Row, prompt_index: int, round_index: int) -> None:
+    def save_partial(self, command: str) -> None:
+        """The runs so far, should the command be stopped (a GPU run under a time limit)."""
+        if self.partial is not None:
+            self.partial.write_text(json.dumps({"command": command, "runs": [asdict(r) for r in self.runs],
+                                                "checks": self.checks}, indent=1, default=float))
+
+    def run_row(self, row: Row, prompt_index: int, round_index: int) -> Run:
         from ..sampling.seeds import image_seed
 
         s = self.setup
@@ -566,6 +596,7 @@ class Bench:
             run, tokens = sampler_run(s.twin, row, config, s.prompts[prompt_index], prompt_index, s.seed, round_index)
             run.ar_tokens = self.check(row.key, prompt_index, tokens)
         self.runs.append(run)
+        return run
 
     def make_reference(self) -> None:
         """Our eager AR on the twin, per prompt (the first is also the `ar` row's warm-up run)."""
@@ -573,6 +604,7 @@ class Bench:
         for i, prompt in enumerate(s.prompts):
             run, tokens = sampler_run(s.twin, self.ar, row_config(self.ar, s.base), prompt, i, s.seed, -1)
             self.reference[i] = tokens.cpu()
+            print(f"  our eager AR, the reference for prompt {i}: {run.total_seconds:.1f} s", flush=True)
             if i == 0:
                 self.first_reference_run = run
 
@@ -587,7 +619,8 @@ class Bench:
                 self.runs.append(self.first_reference_run)
                 self.check(row.key, 0, self.reference[0])  # (true by construction: the timed runs are checked)
                 continue
-            self.run_row(row, 0, -1)
+            run = self.run_row(row, 0, -1)
+            print(f"  {row.key}: {run.total_seconds:.1f} s", flush=True)
             if row.kind == "generate":
                 for i, prompt in enumerate(s.prompts):
                     with warnings.catch_warnings():
@@ -596,12 +629,14 @@ class Bench:
                     out = s.generate_on_demo[row.key].generate(encoding, row_config(row, s.base), image_seed(s.seed, 0))
                     self.check(row.key, i, out.tokens)
 
-    def timed_rounds(self, rows: Sequence[Row]) -> None:
+    def timed_rounds(self, rows: Sequence[Row], command: str) -> None:
         for r in range(self.setup.rounds):
-            print(f"round {r + 1} of {self.setup.rounds}", flush=True)
+            start = time.perf_counter()
             for i in range(len(self.setup.prompts)):
                 for row in rows:
                     self.run_row(row, i, r)
+            print(f"round {r + 1} of {self.setup.rounds}: {time.perf_counter() - start:.1f} s", flush=True)
+            self.save_partial(command)
 
     def pass_costs(self, rows: Sequence[Row]) -> List[PassCost]:
         s = self.setup
@@ -632,8 +667,8 @@ class Bench:
         return {"row": row.key, "seed": s.seed + 1, "ar_tokens": any(same), "per_prompt": same}
 
 
-def run(args: argparse.Namespace, device: torch.device, rows: List[Row], backend: Optional[str], command: str
-        ) -> Dict[str, object]:
+def run(args: argparse.Namespace, device: torch.device, rows: List[Row], backend: Optional[str], command: str,
+        partial: Optional[Path] = None) -> Dict[str, object]:
     """Build, warm up, time, check: the run's record."""
     from .environment import environment
 
@@ -647,13 +682,14 @@ def run(args: argparse.Namespace, device: torch.device, rows: List[Row], backend
 
     setup = build(args, device, rows, backend)
     rows_all = rows + pass_rows(rows, big_name(args.tiny))
-    bench = Bench(setup)
+    bench = Bench(setup, partial)
     lap("build")
     print(f"warm-up: {len(rows)} rows (the compiled ones compile here) ...", flush=True)
     bench.make_reference()
     bench.warm_up(rows)
+    bench.save_partial(command)
     lap("warmup")
-    bench.timed_rounds(rows)
+    bench.timed_rounds(rows, command)
     lap("timed")
     print("the big model's passes alone ...", flush=True)
     costs = bench.pass_costs(rows_all)
@@ -661,6 +697,7 @@ def run(args: argparse.Namespace, device: torch.device, rows: List[Row], backend
     control = bench.control(rows)
     lap("control")
     seconds["total"] = time.perf_counter() - started
+    results = row_results(rows_all, bench.runs, costs, bench.checks)
     twin = setup.twin
     context = twin.token_model.context
     width = context.prompt_tokens + context.before
@@ -675,7 +712,8 @@ def run(args: argparse.Namespace, device: torch.device, rows: List[Row], backend
                   "prompts": len(setup.prompts), "rounds": setup.rounds, "seed": setup.seed,
                   "compile_backend": backend or "inductor (mode reduce-overhead on CUDA: CUDA graphs)",
                   "timing": "from the first image token drawn to the last; median round; tokens after the first"},
-        "rows": [asdict(r) for r in row_results(rows_all, bench.runs, costs, bench.checks)],
+        "rows": [asdict(r) for r in results],
+        "headline": headline(results),
         "control": control,
         "runs": [asdict(r) for r in bench.runs],
         "passes": [asdict(c) for c in costs],

@@ -93,6 +93,7 @@ def test_ratios_are_against_the_fastest_plain_ar_and_eager_generate():
     assert results["sjd-pac@auto:b32"].vs_fastest_ar == pytest.approx(2.5)  # against compiled generate
     assert results["sjd-pac@auto:b32"].vs_eager_generate == pytest.approx(10.0)
     assert results["generate-static:compile"].vs_fastest_ar == pytest.approx(1.0)
+    assert results["ar"].round_seconds == pytest.approx([5.0, 5.0])
     assert results["ar"].ar_tokens is False and results["sjd-pac@auto:b32"].ar_tokens is True
     assert results["pass:1"].ar_tokens is None and results["pass:33"].pass_vs_one_node == pytest.approx(2.0)
     assert results["pass:33"].bound_tokens_per_s == pytest.approx(4.0 * 1000 / 20.0)  # the b32 row's compression

@@ -1,7 +1,7 @@
 """The end-to-end GPU benchmark: tokens per second at a 7B model's cost, against compiled plain AR.
 
     python benchmarks/gpu_e2e.py --device cuda --out runs/gpu_e2e          # one H100 / H200
-    python benchmarks/gpu_e2e.py --tiny --device cpu --out runs/e2e_tiny   # the same code in seconds (CI)
+    python benchmarks/gpu_e2e.py --tiny --device cpu --out runs/e2e_tiny   # the same code, tiny (CI)
 
 Every sampler row runs on the 7B-cost twin of the demo model (bench/twin.py): each pass runs
 Lumina-mGPT's 7B shape with random weights (bf16, two rows with CFG, the context of a 768x768
@@ -61,7 +61,7 @@ DEFAULT_METHODS = ("generate-static,generate-static:compile,ar,ar:compile,sjd-pa
 SHAPE = "lumina-mgpt-7b-768"
 TINY_SHAPE = "lumina-mgpt-tiny"
 # --tiny compiles with this torch.compile backend: the same graphs and guards, no generated kernels
-# (what the engine's tests use), so the CPU check takes seconds.
+# (what the engine's tests use), so the CPU check takes about a minute, not ten.
 TINY_COMPILE_BACKEND = "aot_eager"
 PARTIAL_FILE = "gpu_e2e.partial.json"  # the runs so far, removed when the record is written
 
@@ -118,6 +118,7 @@ class RowResult:
     runs: int = 0
     step_compression: Optional[float] = None
     tokens_per_s: Optional[float] = None
+    round_seconds: List[float] = field(default_factory=list)  # every timed round (the spread behind the median)
     vs_fastest_ar: Optional[float] = None
     vs_eager_generate: Optional[float] = None
     forward_ms_per_pass: Optional[float] = None
@@ -280,14 +281,16 @@ def row_results(rows: Sequence[Row], runs: Sequence[Run], costs: Sequence[PassCo
         per_round: Dict[int, List[Run]] = {}
         for r in timed:
             per_round.setdefault(r.round, []).append(r)
-        seconds = _median([sum(r.seconds for r in rs) for rs in per_round.values()])
+        round_seconds = [sum(r.seconds for r in per_round[k]) for k in sorted(per_round)]
+        seconds = _median(round_seconds)
         tokens = sum(r.tokens for r in per_round[min(per_round)]) if per_round else 0
         warm = [r for r in mine if r.round < 0]
         results.append(RowResult(
             row.key, row.label, row.kind, row.compiled, ar_tokens=all(checks.get(row.key, [False])),
-            checked_on="the demo model (the 7B alone has random weights)" if row.kind == "generate" else "the twin",
+            checked_on="the demo model (the big model alone has random weights)" if row.kind == "generate"
+            else "the twin",
             runs=len(timed), step_compression=_median([r.step_compression for r in timed]),
-            tokens_per_s=tokens / seconds if seconds else None,
+            tokens_per_s=tokens / seconds if seconds else None, round_seconds=round_seconds,
             forward_ms_per_pass=_median([ms for r in timed for ms in r.forward_ms]),
             host_ms_per_pass=_median([ms for r in timed for ms in r.host_ms]),
             max_syncs_per_pass=max((r.max_syncs_per_pass for r in timed), default=None) if row.kind == "sampler"
@@ -299,9 +302,13 @@ def row_results(rows: Sequence[Row], runs: Sequence[Run], costs: Sequence[PassCo
     return results
 
 
+def is_plain_ar(result: RowResult) -> bool:
+    """transformers' generate or our AR: the rows every ratio is taken against."""
+    return result.kind == "generate" or (result.kind == "sampler" and parse_method(result.key).is_ar)
+
+
 def _ratios(results: List[RowResult]) -> None:
-    plain = [r for r in results if r.kind != "pass" and r.tokens_per_s and
-             (r.kind == "generate" or parse_method(r.key).is_ar)]
+    plain = [r for r in results if is_plain_ar(r) and r.tokens_per_s]
     fastest = max((r.tokens_per_s for r in plain), default=None)
     eager = next((r.tokens_per_s for r in results if r.kind == "generate" and not r.compiled and r.tokens_per_s),
                  None)
@@ -317,16 +324,14 @@ def _pass_figures(results: List[RowResult], costs: Sequence[PassCost]) -> None:
     by_key = {c.row: c for c in costs}
     compression = {(r.compiled, parse_method(r.key).node_budget): r.step_compression
                    for r in results if r.kind == "sampler" and r.step_compression}
-    for r in results:
-        cost = by_key.get(r.key)
-        if r.kind != "pass" or cost is None:
-            continue
+    measured = [r for r in results if r.kind == "pass" and r.key in by_key]
+    one_node = {r.compiled: _median(by_key[r.key].ms) for r in measured if by_key[r.key].size == 1}
+    for r in measured:
+        cost = by_key[r.key]
         r.pass_ms = _median(cost.ms)
         r.warmup_s = cost.first_ms / 1000
-        one = next((by_key[o.key] for o in results if o.kind == "pass" and o.compiled == r.compiled
-                    and by_key.get(o.key) is not None and by_key[o.key].size == 1), None)
-        if one is not None and r.pass_ms:
-            r.pass_vs_one_node = r.pass_ms / _median(one.ms)
+        if one_node.get(r.compiled):
+            r.pass_vs_one_node = r.pass_ms / one_node[r.compiled]
         steps = 1.0 if cost.size == 1 else compression.get((r.compiled, cost.size - 1))
         if steps and r.pass_ms:
             r.bound_tokens_per_s = steps * 1000 / r.pass_ms
@@ -335,8 +340,8 @@ def _pass_figures(results: List[RowResult], costs: Sequence[PassCost]) -> None:
 def headline(results: Sequence[RowResult]) -> Dict[str, object]:
     """The fastest plain-AR row and the fastest SJD-PAC row, with its ratios."""
     timed = [r for r in results if r.kind != "pass" and r.tokens_per_s]
-    plain = [r for r in timed if r.kind == "generate" or parse_method(r.key).is_ar]
-    ours = [r for r in timed if r.kind == "sampler" and not parse_method(r.key).is_ar]
+    plain = [r for r in timed if is_plain_ar(r)]
+    ours = [r for r in timed if not is_plain_ar(r)]
     fastest = max(plain, key=lambda r: r.tokens_per_s, default=None)
     best = max(ours, key=lambda r: r.tokens_per_s, default=None)
     return {"fastest_plain_ar": fastest.key if fastest else None, "best": best.key if best else None,
@@ -418,7 +423,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true",
                    help="a tiny Chameleon instead of the 7B shape, the aot_eager compile backend, two image rows: "
-                        "seconds on a CPU (CI)")
+                        "about a minute on a CPU (CI)")
     p.add_argument("--methods", default=DEFAULT_METHODS,
                    help="rows, in `sjd-pac bench` method keys (default: every row of the description)")
     p.add_argument("--prompts", type=arguments.whole(1, 1000), default=1, help="demo prompts per round (default 1)")
@@ -448,7 +453,7 @@ def check_setup(args: argparse.Namespace):
     from ..models.loader import resolve_device
     from .baselines import static_cache_length_supported
 
-    tiny_hint = "add --tiny --device cpu for the same code on a tiny model (seconds on a CPU)"
+    tiny_hint = "add --tiny --device cpu for the same code on a tiny model (about a minute on a CPU)"
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: this PyTorch sees no CUDA GPU; run on a machine with one, or "
                          f"{tiny_hint}.")

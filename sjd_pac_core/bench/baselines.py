@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 import torch
 from transformers import LogitsProcessor
@@ -39,13 +39,15 @@ class BaselineUnsupported(ValueError):
     """The model's family cannot run the `generate` baseline; the message says why."""
 
 
-def causal_lm_of(model: ARImageModel):
-    """The transformers model behind `model`, when `generate` on it gives the sampler's logits."""
-    adapter = getattr(model, "token_model", None)
+def causal_lm_of(model: Union[ARImageModel, CausalLMAdapter]):
+    """The transformers model behind `model` (a loaded model, or a plain adapter itself) and its
+    token space, when `generate` on it gives the sampler's logits."""
+    adapter = model if isinstance(model, CausalLMAdapter) else getattr(model, "token_model", None)
     if type(adapter) is not CausalLMAdapter:  # family adapters change inputs or logits in hooks
+        family = getattr(model, "family", type(adapter).__name__)
         raise BaselineUnsupported(
             f"the transformers-generate baseline needs a plain causal-LM adapter (the demo model or a "
-            f"generic *ForCausalLM); the {model.family} family feeds its model through its own hooks, "
+            f"generic *ForCausalLM); the {family} family feeds its model through its own hooks, "
             "so drop generate* from --methods for it.")
     return adapter.model, adapter.token_space
 
@@ -67,6 +69,8 @@ class RecipeLogitsProcessor(LogitsProcessor):
         self.token_space = token_space
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.device = device
+        self.first_drawn_at: Optional[float] = None  # clock after the first token (the prompt's pass)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         position = torch.tensor([input_ids.shape[1] - self.prompt_width], device=scores.device)
@@ -80,6 +84,10 @@ class RecipeLogitsProcessor(LogitsProcessor):
             token = self.token_space[token]
         out = torch.full_like(scores, float("-inf"))
         out[:, token] = 0.0
+        if self.first_drawn_at is None:  # once per run: the sampler's clocks also start here
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.first_drawn_at = time.perf_counter()
         return out
 
 
@@ -87,24 +95,45 @@ class RecipeLogitsProcessor(LogitsProcessor):
 class GenerateOutput:
     tokens: torch.Tensor  # long [num_tokens], sampler token space, on the CPU
     seconds: float  # wall clock of the generate call alone
+    after_first_seconds: float  # of which after the first token was drawn (the prompt's pass excluded)
+
+
+def static_cache_length_supported() -> bool:
+    """Whether this transformers sizes generate's static cache beyond the run (max_cache_len)."""
+    from transformers import GenerationConfig
+
+    return hasattr(GenerationConfig(), "max_cache_len")
 
 
 class GenerateBaseline:
     """One `generate` configuration: dynamic or static cache, compiled or not.
 
+    model: a loaded model (its plain causal-LM adapter), or such an adapter itself.
     prompt_width: left-pad every prompt to this many tokens (exact: padding is masked and the
     position ids follow the attention mask), so a static cache has one shape for the whole
     benchmark and the compiled step compiles once.
+    cache_length: a static cache of at least this many positions (default: the prompt and the
+    tokens), e.g. a whole image's when a run samples only part of one.
+    compile_backend: torch.compile's backend for the compiled step (None: inductor).
     """
 
-    def __init__(self, model: ARImageModel, static: bool, compiled: bool, prompt_width: int = 0) -> None:
+    def __init__(self, model: Union[ARImageModel, CausalLMAdapter], static: bool, compiled: bool,
+                 prompt_width: int = 0, cache_length: Optional[int] = None,
+                 compile_backend: Optional[str] = None) -> None:
         if compiled and not static:
             raise ValueError("transformers compiles generate only with a static cache; use static=True.")
+        if cache_length is not None and not static:
+            raise ValueError("cache_length sizes a static cache; use static=True.")
+        if cache_length is not None and not static_cache_length_supported():
+            raise ValueError("this transformers cannot size generate's static cache (GenerationConfig.max_cache_len); "
+                             "upgrade transformers, or leave cache_length out.")
         self.model = model
         self.lm, self.token_space = causal_lm_of(model)
         self.static = static
         self.compiled = compiled
         self.prompt_width = prompt_width
+        self.cache_length = cache_length
+        self.compile_backend = compile_backend
 
     def _batch(self, encoding: PromptEncoding, use_cfg: bool):
         prompts = [encoding.prompt_ids] + ([encoding.uncond_ids] if use_cfg else [])
@@ -127,9 +156,13 @@ class GenerateBaseline:
         config = GenerationConfig(max_new_tokens=num_tokens, do_sample=False, eos_token_id=None,
                                   pad_token_id=self.lm.config.pad_token_id or 0, guidance_scale=1.0,
                                   cache_implementation="static" if self.static else None)
+        if self.cache_length is not None:
+            config.max_cache_len = self.cache_length  # the static cache's size, when larger than the run's
         if self.compiled:
             on_gpu = self.model.device.type == "cuda"
             compile_config = CompileConfig(mode="reduce-overhead" if on_gpu else "default")
+            if self.compile_backend is not None:  # modes are inductor's
+                compile_config.backend, compile_config.mode = self.compile_backend, None
             # transformers compiles automatically only on accelerators; this documented flag of
             # CompileConfig lets it compile on the CPU too.
             compile_config._compile_all_devices = True
@@ -158,13 +191,14 @@ class GenerateBaseline:
                                    logits_processor=LogitsProcessorList([processor]))
             if self.model.device.type == "cuda":
                 torch.cuda.synchronize(self.model.device)
-            seconds = time.perf_counter() - start
+            end = time.perf_counter()
         tokens = out[0, width:]
         if self.token_space is not None:  # model ids -> sampler ids
             lookup = torch.full((int(self.token_space.max()) + 1,), -1, dtype=torch.long, device=tokens.device)
             lookup[self.token_space] = torch.arange(self.token_space.numel(), device=tokens.device)
             tokens = lookup[tokens]
-        return GenerateOutput(tokens=tokens.cpu(), seconds=seconds)
+        return GenerateOutput(tokens=tokens.cpu(), seconds=end - start,
+                              after_first_seconds=end - (processor.first_drawn_at or start))
 
 
 def prompt_width(model: ARImageModel, prompts: Sequence[str]) -> int:

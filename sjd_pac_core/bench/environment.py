@@ -41,6 +41,15 @@ def _git_commit() -> Optional[str]:
         return None
 
 
+def _version(package: str) -> Optional[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:  # pragma: no cover
+        return None
+
+
 def environment(model: ARImageModel) -> Dict[str, object]:
     device = model.device
     env = {
@@ -50,6 +59,7 @@ def environment(model: ARImageModel) -> Dict[str, object]:
         "cpu": _cpu_name(),
         "loadavg_start": loadavg(),
         "torch": torch.__version__,
+        "transformers": _version("transformers"),
         "python": platform.python_version(),
         "git_commit": _git_commit(),
         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

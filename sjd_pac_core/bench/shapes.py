@@ -103,3 +103,15 @@ def image_token_ids(shape: Shape, device: torch.device) -> torch.Tensor:
 def text_vocab(shape: Shape) -> int:
     """Prompt ids are drawn below the image block and Chameleon's <image> placeholder id."""
     return shape.vocab - shape.image_vocab - 1
+
+
+def family_adapter(model, shape: Shape, device: torch.device):
+    """The sampler's adapter for the shape's model, as the family's loader builds it: Lumina-mGPT
+    and Emu3 score the image codes with those rows of the head on the decoder's last state."""
+    from ..models.adapters import ImageHeadAdapter
+    from ..models.causal_lm import CausalLMAdapter
+
+    ids = image_token_ids(shape, device)
+    if shape.family in ("chameleon", "emu3"):
+        return ImageHeadAdapter(model, model.model, ids)
+    return CausalLMAdapter(model, token_space=ids)

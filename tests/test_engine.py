@@ -313,6 +313,40 @@ def test_compiled_runs_build_one_graph_per_pass_size_across_prompt_lengths(lm, m
 
 
 @pytest.mark.slow
+def test_a_compiled_node_budget_runs_one_graph_at_one_shape(lm, monkeypatch):
+    """compile=True with node_budget=B: every pass is padded to 1 + B nodes, so one graph serves
+    the whole run and a second prompt length (the cache's capacity is rounded for compiled runs);
+    the tokens are AR's under gumbel and the eager run's under rejection, seed for seed. The
+    control: the same count taken over an eager budget run sees no compiled graph at all."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    monkeypatch.setattr(causal_lm, "COMPILE_BACKEND", counter)
+    adapter = CausalLMAdapter(lm)
+
+    def run(prompt, **fields):
+        config = sp.SamplerConfig(**{"method": "sjd_pac", "window": 16, "node_budget": 24, "cfg_scale": 2.0,
+                                     "top_k": 40, "verify": "gumbel", **fields})
+        return sp.sample_tokens(adapter, prompt, 60, config=config, seed=4, uncond_prompt_ids=UNCOND)
+
+    eager = run(PROMPT)
+    assert counter.frame_count == 0
+    envelopes = set()
+    for prompt in (PROMPT, torch.cat([PROMPT, PROMPT])):
+        ar = run(prompt, method="ar", node_budget=None)
+        out = run(prompt, compile=True)
+        assert torch.equal(out.tokens, ar.tokens)
+        envelopes |= {r.envelope for r in out.stats.records[1:]}
+        assert all(r.host_syncs == 1 for r in out.stats.records)
+    assert envelopes == {25}
+    assert counter.frame_count == 1  # one graph for the budget's one shape, both prompts
+    assert torch.equal(run(PROMPT, verify="rejection", compile=True).tokens, run(PROMPT, verify="rejection").tokens)
+    torch._dynamo.reset()
+    assert eager.stats.forward_passes < 60  # the budget's trees did commit several tokens a pass
+
+
+@pytest.mark.slow
 def test_a_repeated_compiled_run_skips_the_warm_up_passes(lm, monkeypatch):
     """The warm-up runs each compiled pass size once per model, not once per image: a second run
     of the same shapes calls the compiled step exactly once per pass (the first calls it for the

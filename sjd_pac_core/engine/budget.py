@@ -373,8 +373,13 @@ def ranked_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width:
     value = np.concatenate(values)
     order = np.lexsort((np.arange(value.size), -value))[:budget]  # prerequisites come first in the superset
     order = order[value[order] > 0]
-    return BudgetTree.of(superset_paths(order, window, width - 1), np.cumsum(np.concatenate(chances)[order]),
-                         own_rows=False)
+    # The tree's main chain and each position row's width, from the chosen indices: main-chain
+    # nodes are the first `window` of the superset, a side candidate (j, s) widens row j to s + 1.
+    sides = order[(order >= window) & (order < window * width)] - window
+    widths = np.ones(int((order < window).sum()), dtype=np.int64)
+    np.maximum.at(widths, sides // max(width - 1, 1), sides % max(width - 1, 1) + 2)
+    return BudgetTree(tuple(superset_paths(order, window, width - 1)), len(widths), tuple(widths.tolist()),
+                      tuple(np.cumsum(np.concatenate(chances)[order]).tolist()))
 
 
 def superset_paths(nodes: np.ndarray, window: int, sides: int) -> List[Path]:

@@ -91,6 +91,10 @@ class DemoImageModel(ARImageModel):
         self.constraints = self.layout.constraints(self.vocab.vocab_size, image_ids)
 
     @classmethod
+    def defaults_for_folder(cls, folder: Path) -> FamilyDefaults:
+        return folder_defaults(folder, cls.defaults)
+
+    @classmethod
     def matches(cls, folder: Path, config: dict) -> bool:
         return (
             config.get("model_type") in DEMO_MODEL_TYPES

@@ -65,9 +65,7 @@ class Emu3ImageModel(ARImageModel):
         for ratio in RATIOS:
             rows, cols = processor.calculate_generate_size(ratio, image_area, processor.downsample_ratio)
             self.sizes.setdefault(f"{cols * vq_factor}x{rows * vq_factor}", Emu3Size(ratio, rows, cols))
-        # Reference settings (Emu3-Gen README): CFG 3.0, top-k 2048, temperature 1.0.
-        self.defaults = FamilyDefaults(resolutions=tuple(self.sizes),
-                                       sampler=dict(cfg_scale=3.0, temperature=1.0, top_k=2048))
+        self.defaults = FamilyDefaults(resolutions=tuple(self.sizes), sampler=self.SAMPLER_DEFAULTS)
         self.token_model = ImageHeadAdapter(model, model.model, self.token_space)
         self._last_resolution: Optional[str] = None
 
@@ -91,6 +89,9 @@ class Emu3ImageModel(ARImageModel):
                 f"processor files of {REPO_HINT} again."
             )
         return torch.tensor([img2bpe[c] for c in range(num_codes)] + specials, dtype=torch.long)
+
+    # Reference settings (Emu3-Gen README): CFG 3.0, top-k 2048, temperature 1.0.
+    SAMPLER_DEFAULTS = dict(cfg_scale=3.0, temperature=1.0, top_k=2048)
 
     # --- loading ------------------------------------------------------------------------------
     QUANTIZED_LAYERS = r"model\.text_model\.layers"  # the decoder layers: the only quantized linears

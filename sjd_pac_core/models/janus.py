@@ -59,10 +59,12 @@ class JanusImageModel(ARImageModel):
                 f"The Janus tokenizer/generation config lacks BOS, begin-of-image or pad; download "
                 f"generation_config.json and the tokenizer files of {REPO_HINT} again."
             )
-        # Reference settings (JanusForConditionalGeneration.generate / Janus-Pro demo): CFG 5,
-        # temperature 1, no top-k.
-        self.defaults = FamilyDefaults(resolutions=(self.resolution,), sampler=dict(cfg_scale=5.0, temperature=1.0))
+        self.defaults = FamilyDefaults(resolutions=(self.resolution,), sampler=self.SAMPLER_DEFAULTS)
         self.token_model = GenerationHeadAdapter(model, self.num_codes)
+
+    # Reference settings (JanusForConditionalGeneration.generate / Janus-Pro demo): CFG 5,
+    # temperature 1, no top-k.
+    SAMPLER_DEFAULTS = dict(cfg_scale=5.0, temperature=1.0)
 
     # --- loading ------------------------------------------------------------------------------
     QUANTIZED_LAYERS = r"model\.language_model\.layers"  # the decoder layers: the only quantized linears

@@ -29,6 +29,7 @@ from .checks import (  # noqa: F401  (re-exported: the loader's public checks)
 from .image_model import ARImageModel
 
 if TYPE_CHECKING:
+    from .image_model import FamilyDefaults
     from .memory import MemoryPlan
 
 DEMO_NAME = "demo"
@@ -197,6 +198,14 @@ def model_family(path: Union[str, os.PathLike]) -> Tuple[Path, dict, str]:
         if folder != DEMO_FOLDER and family != "demo":
             raise
         raise _rebuild_demo(exc) from None
+
+
+def family_defaults(path: Union[str, os.PathLike]) -> "FamilyDefaults":
+    """The settings load_model's model of this folder (or "demo") will have, from its small files
+    alone: no weight is read and no model built. Its sizes are empty where only the loaded model
+    knows them (they come from the processor). ModelLoadError as load_model would give it."""
+    folder, config, family = model_family(path)
+    return _family_class(FAMILIES[family]).defaults_for_folder(folder)
 
 
 def memory_plan(

@@ -216,14 +216,14 @@ class LuminaMGPTImageModel(ARImageModel):
         self.text_tokenizer = text_tokenizer
         self.vocab = vocab
         self.num_codes = vocab.num_codes
-        # Reference settings (Lumina-mGPT inference_solver): CFG 3.0 (its README uses 4.0), image
-        # top-k 2000, temperature 1.0.
-        self.defaults = FamilyDefaults(
-            resolutions=tuple(f"{w}x{h}" for w, h in sizes), sampler=dict(cfg_scale=3.0, temperature=1.0, top_k=2000)
-        )
+        self.defaults = FamilyDefaults(resolutions=tuple(f"{w}x{h}" for w, h in sizes), sampler=self.SAMPLER_DEFAULTS)
         self.token_model = ImageHeadAdapter(model, model.model, vocab.token_space)
         self._layouts: Dict[str, ImageLayout] = {}
         self._last_resolution: Optional[str] = None
+
+    # Reference settings (Lumina-mGPT inference_solver): CFG 3.0 (its README uses 4.0), image
+    # top-k 2000, temperature 1.0.
+    SAMPLER_DEFAULTS = dict(cfg_scale=3.0, temperature=1.0, top_k=2000)
 
     # --- loading ------------------------------------------------------------------------------
     QUANTIZED_LAYERS = r"model\.layers"  # the decoder layers: the only quantized linears

@@ -36,7 +36,7 @@ def folder_defaults(folder: Path, base: FamilyDefaults) -> FamilyDefaults:
         return base
     try:
         config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ModelLoadError(
             f"{path} could not be read ({' '.join(str(exc).split())[:120]}); it only holds sampling "
             "defaults, so delete it or copy it again from sjd_pac_core/demo/weights."

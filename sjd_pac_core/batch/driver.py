@@ -84,7 +84,7 @@ def make_runner(options: BatchOptions, say: Callable[[str], None]):
     return LocalRunner(options.model, say=say)
 
 
-def folder_defaults(options: BatchOptions) -> Optional["FamilyDefaults"]:
+def defaults_from_folder(options: BatchOptions) -> Optional["FamilyDefaults"]:
     """The model's settings from its folder's small files (no weight is read), or None where this
     machine cannot read them (a folder only the Ray cluster's machines hold)."""
     from ..models.loader import DEMO_NAME, family_defaults
@@ -103,8 +103,8 @@ def model_request(options: BatchOptions, defaults: Optional["FamilyDefaults"]) -
     spec = options.model
     where = "ray" if options.on_ray else str(resolve_device(spec.device))
     return {"path": spec.path, "dtype": spec.dtype, "device": spec.device, "quantize": spec.quantize,
-            "runs_on": where, "defaults": None if defaults is None else ModelInfo(
-                "", "", "", defaults).to_dict()}
+            "runs_on": where, "defaults": None if defaults is None else {
+                "resolutions": list(defaults.resolutions), "sampler": dict(defaults.sampler)}}
 
 
 def _stored(store: ResultStore, job: Job, output, left: int) -> Optional[str]:
@@ -147,8 +147,6 @@ def run_batch(options: BatchOptions, on_result: Optional[Callable[[Outcome], Non
 
     on_result: called after each finished (written) or failed job, e.g. to stop early by raising.
     """
-    from tqdm import tqdm
-
     out = Path(options.out)
     store = ResultStore(out)
     with ExitStack() as stack:
@@ -160,14 +158,17 @@ def run_batch(options: BatchOptions, on_result: Optional[Callable[[Outcome], Non
             reason = (exc.strerror or type(exc).__name__).lower()
             raise BatchStopped(f"cannot write into {out} ({reason}); free some disk space there (or choose "
                                "another --out) and rerun the same command") from None
-        return _run_locked(options, store, on_result, runner, tqdm)
+        return _run_locked(options, store, on_result, runner)
 
 
-def _run_locked(options: BatchOptions, store: ResultStore, on_result, runner, tqdm) -> BatchReport:
+def _run_locked(options: BatchOptions, store: ResultStore, on_result, runner) -> BatchReport:
+    from tqdm import tqdm
+
     out = store.folder
-    defaults = folder_defaults(options)
-    if defaults is not None:  # every setting that needs no loaded model, checked before loading it
-        plan_jobs(options.lines, ModelInfo("", "", "", defaults), options.seeds, options.methods, options.source)
+    defaults = defaults_from_folder(options)
+    if defaults is not None:  # every setting that needs no loaded model, checked before loading it (ids unused)
+        unloaded = ModelInfo(name="", family="", dtype="", defaults=defaults)
+        plan_jobs(options.lines, unloaded, options.seeds, options.methods, options.source)
     request = model_request(options, defaults)
     recorded = store.recorded_model(request)
     if recorded is not None:

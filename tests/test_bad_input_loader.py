@@ -586,6 +586,14 @@ def _empty_index(delete_weights: bool):
     return change
 
 
+def _vqgan_yaml(change, needle):
+    def fault(folder: Path):
+        path = folder / "vqgan.yaml"
+        path.write_text(change(path.read_text()))
+        return [f"vqgan.yaml {needle}"]
+    return fault
+
+
 FILE_FAULTS = [
     ("emu3", "generation_config.json a list", _a_list("generation_config.json")),
     ("janus", "generation_config.json a list", _a_list("generation_config.json")),
@@ -601,6 +609,11 @@ FILE_FAULTS = [
     ("emu3", "safetensors header nested", _deep_header),
     ("emu3", "empty shard index", _empty_index(delete_weights=False)),
     ("emu3", "empty shard index alone", _empty_index(delete_weights=True)),
+    ("lumina_mgpt", "vqgan.yaml nested", _vqgan_yaml(lambda text: f"a: {DEEP}\n",
+                                                     "is not a Chameleon vqgan.yaml (RecursionError")),
+    ("lumina_mgpt", "vqgan.yaml 100000 blocks", _vqgan_yaml(lambda text: re.sub(r"num_res_blocks: *\d+",
+                                                                                "num_res_blocks: 100000", text),
+                                                            "describes no VQGAN that can be built")),
 ]
 
 
@@ -649,6 +662,18 @@ def test_prompt_encoding_is_bounded_by_the_same_rule(family_models):
     finally:
         model.processor.chat_template = original
     assert torch.equal(model.encode_prompt("a red cat").prompt_ids, before)
+
+
+@pytest.mark.parametrize("name", ["vocab.json", "vq_config.json", "generation_config.json"])
+def test_demo_json_nested_past_reading_names_the_rebuild(tmp_path, name):
+    copy = Path(shutil.copytree(loader.DEMO_FOLDER, tmp_path / "demo"))
+    _nested(name)(copy)
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.load_model(copy, device="cpu")
+    message = str(err.value)
+    assert f"{name} nests its JSON too deeply to be read" in message
+    assert message.endswith("rebuild the bundled demo model with `python -m sjd_pac_core.demo.tools.train`.")
+    one_sentence(message)
 
 
 def test_demo_config_values_name_the_rebuild(tmp_path):

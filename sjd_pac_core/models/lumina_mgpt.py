@@ -241,7 +241,10 @@ class LuminaMGPTImageModel(ARImageModel):
         cfg = built_config(ChameleonConfig, dict(config, vocabulary_map=config.get("vocabulary_map") or {}), path)
         model = meta_model(LuminaLayoutChameleon, cfg, path)
         vq_dir = find_vqgan_dir(folder) if folder is not None else None
-        vq_config = VQGANConfig.from_yaml(vq_dir / "vqgan.yaml") if vq_dir is not None else CHAMELEON_VQGAN
+        try:
+            vq_config = VQGANConfig.from_yaml(vq_dir / "vqgan.yaml") if vq_dir is not None else CHAMELEON_VQGAN
+        except VQGANLoadError as exc:
+            raise ModelLoadError(str(exc)) from None
         with torch.device("meta"):
             decoder_params = sum(p.numel() for p in ChameleonVQGANDecoder(vq_config).parameters())
         codes = vq_config.n_embed

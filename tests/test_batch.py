@@ -220,6 +220,10 @@ def test_batch_writes_pngs_lines_and_summary(tmp_path, capsys, monkeypatch):
     summary = (out / "summary.md").read_text()
     assert "| SJD-PAC L=32 |" in summary and "sjd-pac@32 (verify gumbel): 1 of 1 jobs returned AR's tokens" in summary
     assert not [p for p in out.rglob("*") if p.name.startswith(".tmp-")]
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for path in (out / pac["image"], out / "summary.md", out / "results.jsonl"):  # readable as open() makes files
+        assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path
 
 
 @pytest.mark.slow

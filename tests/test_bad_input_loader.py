@@ -676,6 +676,17 @@ def test_demo_json_nested_past_reading_names_the_rebuild(tmp_path, name):
     one_sentence(message)
 
 
+def test_a_missing_weight_file_is_named_not_blamed_on_config_json(tmp_path):
+    """The layer count is compared with the weight files only when they are all there: a missing
+    model.safetensors is named as such (the VQ's own file beside it holds far fewer parameters)."""
+    copy = Path(shutil.copytree(loader.DEMO_FOLDER, tmp_path / "demo"))
+    (copy / "model.safetensors").unlink()
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.load_model(copy, device="cpu")
+    assert "model.safetensors" in str(err.value) and "config.json" not in str(err.value)
+    one_sentence(str(err.value))
+
+
 def test_demo_config_values_name_the_rebuild(tmp_path):
     copy = Path(shutil.copytree(loader.DEMO_FOLDER, tmp_path / "demo"))
     config = json.loads((copy / "config.json").read_text())

@@ -218,15 +218,17 @@ def decoder_parameters(config: dict) -> Optional[int]:
 def check_sizes_against_weights(folder: Path, config: dict) -> None:
     """Decoder layers that need more parameters than the folder's weight files hold (read from their
     headers, no weight) are a damaged config.json: one sentence, before any model is built. Folders
-    without their weights (a plan from config.json alone, a shard missing) are left to the loader."""
+    without all of the model's weight files (a plan from config.json alone, model.safetensors or a
+    shard missing) are left to the loader, which names the missing file."""
     needed = decoder_parameters(config)
-    files = list(folder.glob("*.safetensors"))
-    if needed is None or not files:
+    if needed is None:
         return
     if (folder / INDEX_NAME).is_file():
         shards = set(read_weight_map(folder / INDEX_NAME).values())
         if any(not (folder / shard).is_file() for shard in shards):
-            return  # the loader names the missing shard
+            return
+    elif not (folder / "model.safetensors").is_file():
+        return
     held = checkpoint_numel(folder)
     if needed > held:
         prefix, text = _text_section(config)

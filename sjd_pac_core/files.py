@@ -2,7 +2,10 @@
 
     write_atomic(path, data)      readers see the old file or the whole new one, never a part: the
                                   bytes go to a temporary name in the same folder, are fsynced, then
-                                  renamed over `path`
+                                  renamed over `path`; the file takes the mode a plain open() gives
+                                  (0666 less the umask, or the mode of the file it replaces)
+    append_durable(path, data)    the bytes appended and fsynced (a results log), mode as open() gives
+    remove_stale_temps(folder)    temporary files a killed writer left in a folder, removed
     keep(path, data)              write_atomic, and when that fails (a full disk, a folder that went
                                   read-only) the same bytes go to a fresh folder in the temp dir;
                                   the answer says where, in one sentence
@@ -14,12 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional, Union
+from typing import Iterable, Iterator, List, Optional, Tuple, Union
 
 TEMP_PREFIX = ".tmp-"
 FALLBACK_PREFIX = "sjd-pac-kept-"
@@ -30,23 +34,69 @@ class FileSaveError(OSError):
     """Neither the file nor its fallback copy could be written; the message says why and what to do."""
 
 
+TEMP_RANDOM = 8  # random characters in a temporary name (hex), as tempfile.mkstemp's
+NEW_FILE_MODE = 0o666  # what open() asks for; the kernel takes the umask (and a default ACL) off
+_OPEN_FLAGS = os.O_WRONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Every byte of `data` to `fd`, then fsync: the one low-level write of this module."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+
+
+def _create_temp(folder: Path, suffix: str) -> Tuple[int, Path]:
+    """A new file `.tmp-XXXXXXXX<suffix>` in `folder`, open for writing, created with the mode a
+    plain open() gives (tempfile.mkstemp's are 0600 whatever the umask)."""
+    for _ in range(100):
+        temp = folder / f"{TEMP_PREFIX}{secrets.token_hex(TEMP_RANDOM // 2)}{suffix}"
+        try:
+            return os.open(temp, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, NEW_FILE_MODE), temp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {folder}")
+
+
 def write_atomic(path: Union[str, Path], data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the whole new one, never a part."""
+    """Write `data` to `path` so that readers see the old file or the whole new one, never a part.
+    A new file gets the mode open() would give it; a replaced file keeps its mode."""
     path = Path(path)
-    fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=path.suffix, dir=path.parent)
+    fd, temp = _create_temp(path.parent, path.suffix)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            with contextlib.suppress(FileNotFoundError):  # a file replaced keeps its mode, as under open()
+                os.chmod(temp, os.stat(path).st_mode & 0o7777)
+            _write_all(fd, data)
         finally:
             os.close(fd)
         os.replace(temp, path)
     except BaseException:
-        Path(temp).unlink(missing_ok=True)
+        temp.unlink(missing_ok=True)
         raise
     _fsync_folder(path.parent)
+
+
+def append_durable(path: Union[str, Path], data: bytes) -> None:
+    """Append `data` to `path` (created with the mode open() gives), flushed to the disk."""
+    fd = os.open(path, _OPEN_FLAGS | os.O_APPEND | os.O_CREAT, NEW_FILE_MODE)
+    try:
+        _write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temps(folder: Union[str, Path], suffixes: Iterable[str]) -> int:
+    """Remove the temporary files of write_atomic (with these suffixes) that a killed writer left in
+    `folder`; only for a folder this process alone writes (it holds its lock). The count removed."""
+    removed = 0
+    for suffix in suffixes:
+        for stale in Path(folder).glob(f"{TEMP_PREFIX}*{suffix}"):
+            if stale.is_file():
+                stale.unlink(missing_ok=True)
+                removed += 1
+    return removed
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -112,7 +162,7 @@ def name_max(folder: Union[str, Path]) -> int:
 
 def fitting_name(name: str, folder: Union[str, Path]) -> str:
     """`name`, its stem cut so that it (with the temporary prefix of write_atomic) fits the folder."""
-    limit = name_max(folder) - len(TEMP_PREFIX) - 8  # mkstemp adds 8 random characters
+    limit = name_max(folder) - len(TEMP_PREFIX) - TEMP_RANDOM
     stem, suffix = os.path.splitext(name)
     while len((stem + suffix).encode()) > limit and stem:
         stem = stem[:-1]
@@ -123,7 +173,7 @@ def check_file_name(path: Union[str, Path], flag: str = "--output") -> None:
     """Refuse a file name longer than its folder's file system allows (with write_atomic's temporary
     prefix), in one sentence, before any work."""
     path = Path(path)
-    limit = name_max(path.parent) - len(TEMP_PREFIX) - 8
+    limit = name_max(path.parent) - len(TEMP_PREFIX) - TEMP_RANDOM
     size = len(path.name.encode())
     if size > limit:
         raise ValueError(f"{flag}: the file name {path.name[:40]}... is {size} bytes long, more than the "

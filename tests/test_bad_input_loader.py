@@ -11,10 +11,12 @@ not text, and tokens another model sampled handed to decode.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List
 
@@ -414,6 +416,12 @@ def _vocabulary_entry(name, value):
     return change
 
 
+def _part(section, key, value):
+    def change(config):
+        config[section][key] = value
+    return change
+
+
 CONFIG_FAULTS = [
     ("vocab_size negative", _text("vocab_size", -1), "sets text_config.vocab_size to -1, which is not a whole number"),
     ("vocab_size zero", _text("vocab_size", 0), "sets text_config.vocab_size to 0"),
@@ -437,6 +445,19 @@ CONFIG_FAULTS = [
     ("vocabulary_map a negative id", _vocabulary_entry("lowres", -1), "maps the token 'lowres' to the id -1"),
     ("vocabulary_map an id past the vocabulary", _vocabulary_entry("lowres", 10**9),
      "maps the token 'lowres' to the id 1000000000 in vocabulary_map, outside the vocabulary of"),
+    ("vocab_size null", _text("vocab_size", None), "sets text_config.vocab_size to null, but a model needs its size"),
+    ("model_type a list", _top("model_type", ["emu3"]), "sets model_type to ['emu3'], which is not a name"),
+    ("vq_config a list", _top("vq_config", [1]), "has a vq_config that is a JSON list"),
+    ("codebook_size zero", _part("vq_config", "codebook_size", 0), "sets vq_config.codebook_size to 0"),
+    ("codebook_size text", _part("vq_config", "codebook_size", "64"), "sets vq_config.codebook_size to '64'"),
+    ("channel_multiplier empty", _part("vq_config", "channel_multiplier", []),
+     "sets vq_config.channel_multiplier to [], which is not a list of 1 to 10 whole numbers"),
+    ("image_area zero", _top("image_area", 0), "sets image_area to 0, which is not a whole number"),
+    ("image_area text", _top("image_area", "2304"), "sets image_area to '2304', which is not a whole number"),
+    ("image_area null", _top("image_area", None), "sets image_area to null"),
+    ("image_area under one token", _top("image_area", 7), "sets image_area to 7 pixels, too small for a 1:1 image"),
+    ("layers 100000", _text("num_hidden_layers", 100000), "sets text_config.num_hidden_layers to 100,000, far more"),
+    ("VQ blocks 100000", _part("vq_config", "num_res_blocks", 100000), "sets vq_config.num_res_blocks to 100,000"),
 ]
 
 
@@ -467,6 +488,202 @@ def test_lumina_config_values_are_one_sentence(built, tmp_path, no_weights, chan
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(sp.ModelLoadError, match=needle.replace("<", ".").replace(">", ".")) as err:
         sp.load_model(folder, dtype="fp32", device="cpu")
+    one_sentence(str(err.value))
+
+
+JANUS_CONFIG_FAULTS = [
+    ("vision_config a list", _top("vision_config", [1]), "has a vision_config that is a JSON list"),
+    ("image_size text", _part("vision_config", "image_size", "96"), "sets vision_config.image_size to '96'"),
+    ("patch_size zero", _part("vision_config", "patch_size", 0), "sets vision_config.patch_size to 0"),
+    ("image tokens not the grid", _part("vision_config", "num_image_tokens", 35),
+     "gives a 6x6 grid, but num_image_tokens is 35"),
+    ("vision layers 100000", _part("vision_config", "num_hidden_layers", 100000),
+     "sets vision_config.num_hidden_layers to 100,000"),
+    ("channel_multiplier text", _part("vq_config", "channel_multiplier", "11111"),
+     "sets vq_config.channel_multiplier to '11111'"),
+    ("num_embeddings zero", _part("vq_config", "num_embeddings", 0), "sets vq_config.num_embeddings to 0"),
+    ("vocab_size null", _text("vocab_size", None), "sets text_config.vocab_size to null"),
+]
+
+
+@pytest.mark.parametrize("change,needle", [r[1:] for r in JANUS_CONFIG_FAULTS], ids=[r[0] for r in JANUS_CONFIG_FAULTS])
+def test_janus_image_parts_are_one_sentence_before_any_model_is_built(built, tmp_path, no_weights, change, needle):
+    folder = copy_of(built, "janus", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    for call in (lambda: sp.load_model(folder, dtype="fp32", device="cpu"), lambda: sp.memory_plan(folder)):
+        with pytest.raises(sp.ModelLoadError) as err:
+            call()
+        message = str(err.value)
+        assert type(err.value) is sp.ModelLoadError and str(folder / "config.json") in message
+        assert needle in message, message
+        one_sentence(message)
+
+
+@pytest.mark.parametrize("change,needle", [
+    (_top("vocab_size", None), "sets vocab_size to null"),
+    (_part("vq_config", "ch_mult", []), "sets vq_config.ch_mult to []"),
+], ids=["lumina vocab null", "lumina VQ levels empty"])
+def test_lumina_config_nulls_and_lists_are_one_sentence(built, tmp_path, no_weights, change, needle):
+    folder = copy_of(built, "lumina_mgpt", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(sp.ModelLoadError, match=re.escape(needle)) as err:
+        sp.load_model(folder, dtype="fp32", device="cpu")
+    one_sentence(str(err.value))
+
+
+# --- the small files beside the weights: each a JSON object, not nested past reading ------------------
+DEEP = "[" * 100000 + "]" * 100000  # Python's JSON reader gives up with a RecursionError
+
+
+def _nested(name):
+    def change(folder: Path):
+        path = folder / name
+        text = path.read_text().rstrip() if path.is_file() else "{}"
+        path.write_text(text[:-1] + (", " if text.strip() != "{}" else "") + f'"deep": {DEEP}}}')
+        return [f"{name} nests its JSON too deeply to be read", "download it again"]
+    return change
+
+
+def _a_list(name):
+    def change(folder: Path):
+        (folder / name).write_text("[1, 2]")
+        return [f"{name} holds a JSON list, not an object of settings"]
+    return change
+
+
+def _metadata(value):
+    def change(folder: Path):
+        path = folder / "model.safetensors"
+        data = path.read_bytes()
+        (length,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + length])
+        header["__metadata__"] = value
+        text = json.dumps(header).encode()
+        path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length:])
+        return ["model.safetensors has a __metadata__ entry that is not a table of text values"]
+    return change
+
+
+def _deep_header(folder: Path):
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    text = data[8:8 + length].rstrip()[:-1] + b', "__metadata__": {"x": ' + DEEP.encode() + b"}}"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length:])
+    return ["model.safetensors has a safetensors header nested too deeply to be read"]
+
+
+def _empty_index(delete_weights: bool):
+    def change(folder: Path):
+        (folder / loader.INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": {}}))
+        if delete_weights:
+            (folder / "model.safetensors").unlink()
+        return ["model.safetensors.index.json names no weight at all"]
+    return change
+
+
+def _vqgan_yaml(change, needle):
+    def fault(folder: Path):
+        path = folder / "vqgan.yaml"
+        path.write_text(change(path.read_text()))
+        return [f"vqgan.yaml {needle}"]
+    return fault
+
+
+FILE_FAULTS = [
+    ("emu3", "generation_config.json a list", _a_list("generation_config.json")),
+    ("janus", "generation_config.json a list", _a_list("generation_config.json")),
+    ("lumina_mgpt", "generation_config.json a list", _a_list("generation_config.json")),
+    ("emu3", "config.json nested", _nested("config.json")),
+    ("emu3", "tokenizer_config.json nested", _nested("tokenizer_config.json")),
+    ("emu3", "tokenizer.json nested", _nested("tokenizer.json")),
+    ("emu3", "processor_config.json nested", _nested("processor_config.json")),
+    ("emu3", "generation_config.json nested", _nested("generation_config.json")),
+    ("janus", "chat_template.json nested", _nested("chat_template.json")),
+    ("emu3", "__metadata__ a list", _metadata([1, 2])),
+    ("emu3", "__metadata__ a number", _metadata({"format": 3})),
+    ("emu3", "safetensors header nested", _deep_header),
+    ("emu3", "empty shard index", _empty_index(delete_weights=False)),
+    ("emu3", "empty shard index alone", _empty_index(delete_weights=True)),
+    ("lumina_mgpt", "vqgan.yaml nested", _vqgan_yaml(lambda text: f"a: {DEEP}\n",
+                                                     "is not a Chameleon vqgan.yaml (RecursionError")),
+    ("lumina_mgpt", "vqgan.yaml 100000 blocks", _vqgan_yaml(lambda text: re.sub(r"num_res_blocks: *\d+",
+                                                                                "num_res_blocks: 100000", text),
+                                                            "describes no VQGAN that can be built")),
+]
+
+
+@pytest.mark.parametrize("family,fault", [r[0::2] for r in FILE_FAULTS], ids=[f"{r[0]} {r[1]}" for r in FILE_FAULTS])
+def test_damaged_small_files_are_one_sentence_before_any_weight_is_read(built, tmp_path, no_weights, family, fault):
+    folder = copy_of(built, family, tmp_path)
+    needles = fault(folder)
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.load_model(folder, dtype="fp32", device="cpu")
+    message = str(err.value)
+    assert type(err.value) is sp.ModelLoadError and str(folder) in message
+    for needle in needles:
+        assert needle in message, message
+    one_sentence(message)
+
+
+# --- a chat template is code: one that never ends, or fails, is refused in bounded time -----------------
+ENDLESS_TEMPLATE = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
+
+
+@pytest.mark.parametrize("template,needle", [
+    (ENDLESS_TEMPLATE, "runs for more than 5 s on one prompt"),
+    ("{% for i in range(10**9) %}x{% endfor %}", "fails on a prompt (OverflowError: Range too big"),
+], ids=["endless", "failing"])
+def test_a_crafted_chat_template_is_refused_before_the_weights(built, tmp_path, no_weights, template, needle):
+    folder = copy_of(built, "janus", tmp_path)
+    (folder / "chat_template.jinja").write_text(template)
+    started = time.monotonic()
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.load_model(folder, dtype="fp32", device="cpu")
+    assert time.monotonic() - started < 120  # unbounded, the endless one runs for hours
+    assert needle in str(err.value) and "download chat_template.jinja" in str(err.value)
+    one_sentence(str(err.value))
+
+
+def test_prompt_encoding_is_bounded_by_the_same_rule(family_models):
+    """A template swapped in after loading is bounded at each prompt, and the good one still gives
+    the prompt it always gave (the control)."""
+    model = family_models["janus"]
+    before = model.encode_prompt("a red cat").prompt_ids
+    original = model.processor.chat_template
+    model.processor.chat_template = ENDLESS_TEMPLATE
+    try:
+        with pytest.raises(sp.ModelLoadError, match="runs for more than 5 s on one prompt"):
+            model.encode_prompt("a red cat")
+    finally:
+        model.processor.chat_template = original
+    assert torch.equal(model.encode_prompt("a red cat").prompt_ids, before)
+
+
+@pytest.mark.parametrize("name", ["vocab.json", "vq_config.json", "generation_config.json"])
+def test_demo_json_nested_past_reading_names_the_rebuild(tmp_path, name):
+    copy = Path(shutil.copytree(loader.DEMO_FOLDER, tmp_path / "demo"))
+    _nested(name)(copy)
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.load_model(copy, device="cpu")
+    message = str(err.value)
+    assert f"{name} nests its JSON too deeply to be read" in message
+    assert message.endswith("rebuild the bundled demo model with `python -m sjd_pac_core.demo.tools.train`.")
+    one_sentence(message)
+
+
+def test_a_missing_weight_file_is_named_not_blamed_on_config_json(tmp_path):
+    """The layer count is compared with the weight files only when they are all there: a missing
+    model.safetensors is named as such (the VQ's own file beside it holds far fewer parameters)."""
+    copy = Path(shutil.copytree(loader.DEMO_FOLDER, tmp_path / "demo"))
+    (copy / "model.safetensors").unlink()
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.load_model(copy, device="cpu")
+    assert "model.safetensors" in str(err.value) and "config.json" not in str(err.value)
     one_sentence(str(err.value))
 
 

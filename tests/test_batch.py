@@ -97,6 +97,9 @@ BAD_INPUT = [
     ("workers 0", f"{GOOD}\n", ["--workers", "0"], "--workers must be 1 or more, got 0"),
     ("workers negative", f"{GOOD}\n", ["--workers", "-2"], "--workers must be 1 or more, got -2"),
     ("threads negative", f"{GOOD}\n", ["--threads", "-1"], "--threads must be 0"),
+    ("threads past the cores", f"{GOOD}\n", ["--threads", "99999"], "--threads 99999 is more than the"),
+    ("workers past the cores", f"{GOOD}\n", ["--workers", "1000"],
+     "--workers 1000 asks for a CPU core each at least, but this machine has"),
     ("bad device", f"{GOOD}\n", ["--device", "gpu"], "is not a device name"),
 ]
 
@@ -217,6 +220,10 @@ def test_batch_writes_pngs_lines_and_summary(tmp_path, capsys, monkeypatch):
     summary = (out / "summary.md").read_text()
     assert "| SJD-PAC L=32 |" in summary and "sjd-pac@32 (verify gumbel): 1 of 1 jobs returned AR's tokens" in summary
     assert not [p for p in out.rglob("*") if p.name.startswith(".tmp-")]
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for path in (out / pac["image"], out / "summary.md", out / "results.jsonl"):  # readable as open() makes files
+        assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path
 
 
 @pytest.mark.slow
@@ -252,3 +259,123 @@ def test_ctrl_c_then_rerun_redoes_nothing_finished(tmp_path):
     assert (out / "results.jsonl").read_text().startswith(text_before)  # finished lines untouched
     assert {i: (out / f"images/{i}.png").stat().st_mtime_ns for i in kept} == kept  # PNGs not rewritten
     assert len(list((out / "images").glob("*.png"))) == 4
+
+
+# --- before the model loads, and a full disk -------------------------------------------------------
+
+
+@pytest.fixture
+def loads(monkeypatch) -> list:
+    """Every model load of the batch (the in-process runner's), counted."""
+    from sjd_pac_core.batch import work
+
+    calls: list = []
+    original = work.load_model
+    monkeypatch.setattr(work, "load_model", lambda *args, **kwargs: calls.append(args) or original(*args, **kwargs))
+    return calls
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_prompt(tmp_path, demo_info):
+    plain = read_input(write(tmp_path / "plain.txt", f"{PROMPTS[0]}\n"))
+    marked = tmp_path / "marked.txt"
+    marked.write_bytes(b"\xef\xbb\xbf" + f"{PROMPTS[0]}\n".encode())  # as Windows editors save UTF-8
+    assert read_input(marked)[0].prompt == PROMPTS[0]
+    assert plan_jobs(read_input(marked), demo_info)[0].id == plan_jobs(plain, demo_info)[0].id
+
+
+@pytest.mark.parametrize("text,extra,names", [
+    (f'{{"prompt": {P2}, "window": 0}}\n', [], "line 1: window (L) must be an integer >= 1"),
+    (f'{{"prompt": {P2}, "temperature": 0}}\n', [], "line 1: temperature must be > 0"),
+    (f"{GOOD}\n", ["--methods", "sjd-pac@64:b0"], "with --methods sjd-pac@64:b0: node_budget must be None, an integer"),
+    (f"{GOOD}\n", ["--methods", "sjd-pac@64:b2000"], "with --methods sjd-pac@64:b2000: node_budget must be None"),
+    (f'{{"prompt": {P2}, "resolution": "512x512"}}\n', [], "does not draw 512x512"),
+], ids=["window 0", "temperature 0", "budget 0", "budget 2000", "resolution"])
+def test_settings_no_model_can_run_are_refused_before_it_loads(tmp_path, capsys, loads, text, extra, names):
+    rc, err, out = _run_bad(tmp_path, capsys, text, extra)
+    assert rc == 2 and names in _one_sentence(err)
+    assert loads == []  # refused from the model's folder alone (a 7B load takes minutes)
+
+
+def test_a_rerun_with_nothing_left_loads_no_model(tmp_path, capsys, loads):
+    source = write(tmp_path / "p.txt", PROMPTS[0] + "\n")
+    out = tmp_path / "out"
+    command = ["batch", str(source), "--out", str(out), "--methods", "ar", "--quiet"]
+    assert main(command) == 0 and len(loads) == 1
+    (out / ".tmp-1a2b3c4d.md").write_text("# half a summary")  # a kill during summary.md's write
+    (out / "summary.md").unlink()
+    capsys.readouterr()
+    assert main(command) == 0
+    printed = capsys.readouterr().out
+    assert len(loads) == 1, "the rerun loaded the model"
+    assert "1 jobs: 0 done now, 1 done before, 0 failed; ran no job" in printed
+    assert (out / "summary.md").is_file() and not list(out.glob(".tmp-*"))
+    assert main(command + ["--seeds", "0-1"]) == 0  # another job: the model loads, the first job is kept
+    assert len(loads) == 2 and "1 done now, 1 done before" in capsys.readouterr().out
+    assert main(command + ["--dtype", "bf16"]) == 0  # asked for otherwise: planned with the model it loads
+    assert len(loads) == 3 and "1 done now, 0 done before" in capsys.readouterr().out
+
+
+@pytest.fixture
+def disk_fills(monkeypatch):
+    """fills(folder): once results.jsonl in `folder` holds a line, the disk is full: every write
+    into the folder fails with ENOSPC in os.write (the one call sjd_pac_core.files writes with),
+    until `fills.free()`."""
+    import errno
+
+    real_write = os.write
+    state = {"folder": None}
+
+    def write(fd, data):
+        folder = state["folder"]
+        if folder is not None and os.path.realpath(f"/proc/self/fd/{fd}").startswith(str(folder) + os.sep):
+            results = folder / "results.jsonl"
+            if results.is_file() and results.read_bytes().count(b"\n") >= 1:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+
+    class Fills:
+        def __call__(self, folder: Path) -> None:
+            state["folder"] = folder.resolve()
+
+        def free(self) -> None:
+            state["folder"] = None
+
+    return Fills()
+
+
+def test_a_full_disk_keeps_the_image_stops_and_the_rerun_finishes(tmp_path, capsys, disk_fills, loads):
+    from PIL import Image
+
+    source = write(tmp_path / "p.txt", PROMPTS[0] + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    disk_fills(out)
+    command = ["batch", str(source), "--out", str(out), "--methods", "sjd-pac@32", "--seeds", "0-2", "--quiet"]
+    assert main(command) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    errors = [line for line in captured.err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and _one_sentence(errors[0]), captured.err
+    assert "(no space left on device); kept it as " in errors[0] and "the batch stopped" in errors[0]
+    assert "free some disk space and rerun the same command to finish the batch (2 jobs left)" in errors[0]
+    kept = Path(errors[0].split("kept it as ", 1)[1].split(" instead", 1)[0])
+    with Image.open(kept) as image:  # the image made when the disk was full, whole, with its run record
+        assert json.loads(image.text[RECORD_PNG_KEY])["seed"] == 1
+    assert "warning: could not write" in captured.err and "summary.md" in captured.err  # said where it is
+    assert len(results(out)) == 1 and len(list((out / "images").glob("*.png"))) == 1
+    assert not [p for p in out.rglob("*") if p.name.startswith(".tmp-")]
+
+    disk_fills.free()  # space freed: the rerun finishes the batch
+    assert main(command) == 0
+    assert "2 done now, 1 done before, 0 failed" in capsys.readouterr().out
+    assert len(results(out)) == 3 and (out / "summary.md").is_file()
+    loaded = len(loads)
+
+    disk_fills(out)  # full again: a rerun with nothing left to do still ends well, and says where summary.md is
+    assert main(command) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "error" not in captured.err
+    assert captured.err.startswith("warning: could not write") and "summary.md" in captured.err
+    assert "3 done before" in captured.out and len(loads) == loaded

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+import sjd_pac_core as sp  # noqa: E402
 from sjd_pac_core.batch.driver import BatchOptions, run_batch  # noqa: E402
 from sjd_pac_core.batch.jobs import read_input  # noqa: E402
 from sjd_pac_core.batch.ray_runner import RayRunner, WorkersUnavailable  # noqa: E402
@@ -123,15 +125,49 @@ def test_a_killed_worker_that_cannot_reload_loses_and_duplicates_nothing(local_r
 
 
 def test_workers_whose_model_does_not_load_are_named(local_ray, prompt_file, tmp_path):
-    broken = tmp_path / "broken_model"
-    broken.mkdir()
-    (broken / "config.json").write_text("{not json")
+    broken = Path(shutil.copytree(DEMO_FOLDER, tmp_path / "broken_model"))
+    (broken / "model.safetensors").unlink()  # its small files are fine: only a worker's load finds this
     out = tmp_path / "out"
     out.mkdir()
     (out / "results.jsonl").write_text("")  # an earlier run's file: kept as it was
     with pytest.raises(WorkersUnavailable) as caught:
         run_batch(options(prompt_file, out, workers=2, model=ModelSpec(str(broken), device="cpu")))
     message = str(caught.value)
-    assert "no worker could load the model" in message and "config.json" in message
+    assert "no worker could load the model" in message and "model.safetensors" in message
     assert "worker 0 (" in message and "worker 1 (" in message
     assert (out / "results.jsonl").read_text() == ""
+
+
+def test_a_config_no_model_can_be_built_from_is_refused_before_any_worker_starts(local_ray, prompt_file, tmp_path,
+                                                                                 monkeypatch):
+    broken = Path(shutil.copytree(DEMO_FOLDER, tmp_path / "broken_config"))
+    (broken / "config.json").write_text("{not json")
+    monkeypatch.setattr(RayRunner, "start", lambda self: pytest.fail("a worker was started"))
+    with pytest.raises(sp.ModelLoadError, match=r"config.json is not valid JSON"):
+        run_batch(options(prompt_file, tmp_path / "out", workers=2, model=ModelSpec(str(broken), device="cpu")))
+
+
+def test_more_workers_or_threads_than_ray_has_are_one_sentence_before_any_worker(local_ray, prompt_file, tmp_path):
+    cpus = int(ray.cluster_resources()["CPU"])
+    for workers, threads, needle in [(cpus + 1, 0, f"--workers {cpus + 1} asks for a CPU core each at least, but"),
+                                     (1, 99999, "--threads 99999 is more than the")]:
+        runner = RayRunner(ModelSpec("demo", device="cpu", threads=threads), workers=workers, say=lambda text: None)
+        with pytest.raises(WorkersUnavailable, match=needle) as caught:
+            run_batch(options(prompt_file, tmp_path / f"out{workers}", workers=workers), runner=runner)
+        message = str(caught.value)
+        assert message.count(". ") == 0 and message.endswith(".") and "at most" in message
+        assert runner.actors == []  # no worker was started
+
+
+def test_an_address_where_no_ray_answers_is_one_sentence_within_seconds(prompt_file, tmp_path, capsys):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    rc = main(["batch", str(prompt_file), "--out", str(tmp_path / "out"), "--ray-address", f"127.0.0.1:{port}",
+               "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and time.monotonic() - started < 60  # Ray's own retries took over 200 s, silently
+    assert err.startswith(f"error: cannot reach the Ray cluster at 127.0.0.1:{port} (connection refused)")
+    assert "\n" not in err and err.endswith("or check --ray-address.")
+    assert not (tmp_path / "out" / "results.jsonl").exists()

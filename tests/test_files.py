@@ -156,3 +156,36 @@ def test_bench_results_on_a_full_disk_go_together_to_the_temp_dir(full_folder, c
     assert paths["json"].parent == paths["markdown"].parent != full_folder
     assert paths["json"].read_text().startswith("{}")
     assert capsys.readouterr().err.count("warning: could not write") == 2
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_written_files_take_the_mode_open_gives(tmp_path, umask):
+    """A new file gets 0666 less the umask, as a plain open() gives it (mkstemp's 0600 made images
+    and summaries unreadable to a web server or a shared ComfyUI folder); a file replaced keeps
+    its mode; an appended log is created the same way."""
+    previous = os.umask(umask)
+    try:
+        with open(tmp_path / "plain", "wb"):
+            pass
+        files.write_atomic(tmp_path / "new.png", b"png")
+        files.append_durable(tmp_path / "log.jsonl", b"{}\n")
+        kept = files.keep(tmp_path / "kept.md", b"x")
+    finally:
+        os.umask(previous)
+    expected = 0o666 & ~umask
+    assert (tmp_path / "plain").stat().st_mode & 0o777 == expected  # the control: what open() gives
+    for name in ("new.png", "log.jsonl", "kept.md"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == expected, name
+    assert kept.path == tmp_path / "kept.md"
+    os.chmod(tmp_path / "new.png", 0o640)
+    files.write_atomic(tmp_path / "new.png", b"png again")
+    assert (tmp_path / "new.png").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "new.png").read_bytes() == b"png again"
+
+
+def test_stale_temporary_files_of_a_killed_writer_are_removed(tmp_path):
+    (tmp_path / f"{files.TEMP_PREFIX}ab12cd34.md").write_text("half a summary")
+    (tmp_path / f"{files.TEMP_PREFIX}ab12cd34.png").write_text("another writer's")
+    (tmp_path / "keep.md").write_text("mine")
+    assert files.remove_stale_temps(tmp_path, (".md",)) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{files.TEMP_PREFIX}ab12cd34.png", "keep.md"]

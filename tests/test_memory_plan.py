@@ -100,3 +100,94 @@ def test_the_embedding_table_counts_where_it_lives():
 def test_free_memory_reads_the_cpu():
     free = memory.free_memory(torch.device("cpu"))
     assert free is None or free > 0
+
+
+# --- refused from config.json alone, and what a plan is asked for ---------------------------------------
+
+import json  # noqa: E402
+import shutil  # noqa: E402
+
+import pytest  # noqa: E402
+
+import sjd_pac_core as sp  # noqa: E402
+from sjd_pac_core.models import loader  # noqa: E402
+from tiny_checkpoints import build_emu3  # noqa: E402
+
+
+def one_sentence(message: str) -> None:
+    assert message.count(". ") == 0 and message.endswith(".") and "\n" not in message, message
+
+
+@pytest.fixture(scope="module")
+def emu3_folder(tmp_path_factory) -> Path:
+    return build_emu3(tmp_path_factory.mktemp("plan") / "emu3")
+
+
+@pytest.fixture(scope="module")
+def narrow_emu3(tmp_path_factory) -> Path:
+    """Decoder layers 40 and 72 wide: no 4-bit group size (32 at least) divides them."""
+    return build_emu3(tmp_path_factory.mktemp("plan") / "emu3-narrow", width=40, inner=72)
+
+
+def _with_config(folder: Path, tmp_path: Path, change) -> Path:
+    copy = Path(shutil.copytree(folder, tmp_path / folder.name))
+    config = json.loads((copy / "config.json").read_text())
+    change(config)
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+@pytest.mark.parametrize("layers,needle", [
+    (100000, "sets text_config.num_hidden_layers to 100,000, far more than any checkpoint has (at most 512)"),
+    (300, "describes decoder layers of at least"),  # possible in principle, but not with these weights
+])
+def test_absurd_layer_counts_are_refused_before_anything_is_built(emu3_folder, tmp_path, monkeypatch, no_weights,
+                                                                  layers, needle):
+    """num_hidden_layers 100000 built 100,000 layers on the meta device before any check (minutes,
+    gigabytes): refused from the numbers in config.json and the weight files' headers."""
+    from sjd_pac_core.models import emu3
+
+    copy = _with_config(emu3_folder, tmp_path, lambda c: c["text_config"].__setitem__("num_hidden_layers", layers))
+    monkeypatch.setattr(emu3, "meta_model", lambda *args: pytest.fail("a model was built"))
+    for call in (lambda: sp.memory_plan(copy, device="cpu"), lambda: sp.load_model(copy, device="cpu")):
+        with pytest.raises(sp.ModelLoadError) as err:
+            call()
+        assert needle in str(err.value) and str(copy / "config.json") in str(err.value)
+        one_sentence(str(err.value))
+
+
+def test_a_checkpoint_no_4bit_group_divides_loads_unquantized(narrow_emu3):
+    plan = sp.memory_plan(narrow_emu3, device="cpu")
+    assert [c.precision for c in plan.costs] == ["none", "int8"]  # 4-bit is not offered for it
+    model = sp.load_model(narrow_emu3, device="cpu", dtype="fp32")
+    assert model.family == "emu3" and model.quantize == "none"
+    assert sp.load_model(narrow_emu3, device="cpu", dtype="fp32", quantize="auto").quantize == "none"
+
+
+def test_4bit_asked_of_such_a_checkpoint_names_what_was_asked(narrow_emu3, no_weights):
+    pytest.importorskip("torchao")
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.load_model(narrow_emu3, device="cpu", quantize="4bit")
+    message = str(err.value)
+    assert message.startswith("quantize='4bit' (torchao int4") and "(40, 72)" in message
+    assert message.endswith("use quantize='int8' or 'none' for it.")
+    one_sentence(message)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(resolution="999x999"), "draws no 999x999 image; choose one of 48x48"),
+    (dict(resolution=512), "resolution must be a size such as '768x768' or None"),
+    (dict(rows="2"), "rows must be 1 (no guidance) or 2 (guidance"),
+    (dict(rows=2.0), "rows must be 1"),
+    (dict(rows=0), "rows must be 1"),
+], ids=["unknown size", "size not text", "rows text", "rows float", "rows zero"])
+def test_memory_plan_arguments_are_one_sentence(emu3_folder, kwargs, needle):
+    with pytest.raises(sp.ModelLoadError) as err:
+        sp.memory_plan(emu3_folder, device="cpu", **kwargs)
+    assert needle in str(err.value)
+    one_sentence(str(err.value))
+    assert sp.memory_plan(emu3_folder, device="cpu", rows=1, resolution="48x48").rows == 1  # the control
+
+
+def test_memory_plan_of_the_demo_is_none():
+    assert sp.memory_plan(loader.DEMO_NAME, device="cpu") is None

@@ -246,7 +246,9 @@ EMU3_SPECIALS = ["<|endoftext|>", "<|extra_203|>", "<|extra_204|>", "<|image sta
                  "<|image token|>", "<|extra_200|>", "<|extra_201|>", "<image>"]
 
 
-def build_emu3(folder: Path, image_area: int = 48 * 48, seed: int = 0) -> Path:
+def build_emu3(folder: Path, image_area: int = 48 * 48, seed: int = 0, width: int = 32, inner: int = 64) -> Path:
+    """width / inner: the language model's hidden and MLP sizes (multiples of 32 by default, as the
+    published checkpoints' are; others have no 4-bit group size)."""
     from transformers import Emu3Config, Emu3ForConditionalGeneration, Emu3ImageProcessor, Emu3Processor
     from transformers import PreTrainedTokenizerFast
 
@@ -273,8 +275,9 @@ def build_emu3(folder: Path, image_area: int = 48 * 48, seed: int = 0) -> Path:
         vq_config={"codebook_size": EMU3_CODES, "embed_dim": 4, "latent_channels": 4, "base_channels": 32,
                    "channel_multiplier": [1, 1, 1, 1], "num_res_blocks": 1, "attn_resolutions": [],
                    "hidden_size": 32, "num_attention_heads": 1},
-        text_config={"vocab_size": len(vocab), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                     "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 512,
+        text_config={"vocab_size": len(vocab), "hidden_size": width, "intermediate_size": inner,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                     "max_position_embeddings": 512,
                      "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
                      "eos_token_id": tokenizer.eos_token_id},
         vocabulary_map=dict(vocab), image_area=image_area,

@@ -5,7 +5,8 @@
     work.py        run_job(model, job): the one job function every runner calls
     runners.py     the in-process runner
     ray_runner.py  the Ray runner (extra `sjd-pac[ray]`): one actor per worker, same job function
-    driver.py      run_batch: lock, read, load, plan, skip finished, run, write, summarise
+    resources.py   --workers / --threads against the cores and GPUs there are; does a Ray address answer
+    driver.py      run_batch: lock, read, check, load (unless all is done), plan, run, write, summarise
     summary.py     summary.md: the benchmark's table over the batch, AR-token agreement
     cli.py         the `sjd-pac batch` subcommand (arguments checked before torch is imported)
 """

@@ -20,12 +20,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager
 
 from ..bench.methods import DEFAULT_METHODS, PRESETS, parse_methods, parse_seeds
 from .jobs import BatchInputError, read_input
+from .resources import machine_cores, ray_address_problem, threads_problem, workers_problem
 
 RAY_EXTRA = 'pip install "sjd-pac[ray]"'
 
@@ -87,10 +89,19 @@ def validate_batch_args(args: argparse.Namespace, cli: CliChecks) -> None:
         raise BatchInputError(f"--workers must be 1 or more, got {args.workers}; leave it out to run in this process.")
     if args.threads < 0:
         raise BatchInputError(f"--threads must be 0 (chosen for the model) or more, got {args.threads}.")
+    if args.ray_address is None:  # on this machine: its cores bound both (a cluster's are checked on joining it)
+        cores = machine_cores()
+        problem = threads_problem(args.threads, cores) or (
+            None if args.workers is None else workers_problem(args.workers, cores, 0, False, "this machine"))
+        if problem:
+            raise BatchInputError(problem)
     on_ray = args.workers is not None or args.ray_address is not None
     if on_ray and importlib.util.find_spec("ray") is None:
         raise BatchInputError(f"--workers and --ray-address run on Ray, which is not installed; install the extra: "
                               f"{RAY_EXTRA}.")
+    problem = None if args.ray_address is None else ray_address_problem(args.ray_address)
+    if problem:
+        raise BatchInputError(problem)
     cli.check_device(args.device)
     if on_ray and args.device not in ("auto", "cpu", "cuda"):
         raise BatchInputError(f"--device {args.device}: Ray gives each worker its own GPU; use --device auto, cuda "
@@ -130,7 +141,12 @@ def _batch(args, cli: CliChecks) -> int:
         raise
     for sentence in report.lost_workers:
         print(sentence)
+    for note in report.notes:
+        print(f"warning: {note}", file=sys.stderr)
     print(f"{len(report.jobs)} jobs: {report.done} done now, {report.skipped} done before, {len(report.failed)} failed"
           + (f", {report.retried} rerun after their worker died" if report.retried else "")
-          + f"; ran {report.where}; wrote {Path(args.out) / 'results.jsonl'}, images/ and {report.summary}")
+          + f"; ran {report.where}; wrote {Path(args.out) / 'results.jsonl'}, images/"
+          + (f" and {report.summary}" if report.summary else ""))
+    if report.stopped:
+        print(f"error: {report.stopped}", file=sys.stderr)
     return 0 if report.complete else 1

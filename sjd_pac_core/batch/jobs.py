@@ -63,6 +63,19 @@ class ModelInfo:
     defaults: "FamilyDefaults"  # the family's settings and resolutions
     quantize: str = "none"  # the weight-only quantization it was loaded with
 
+    def to_dict(self) -> dict:
+        """Plain JSON values (the output folder's record of the model its jobs were planned for)."""
+        return {"name": self.name, "family": self.family, "dtype": self.dtype, "quantize": self.quantize,
+                "resolutions": list(self.defaults.resolutions), "sampler": dict(self.defaults.sampler)}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, object]) -> "ModelInfo":
+        from ..models.image_model import FamilyDefaults  # torch: only where a record is read
+
+        defaults = FamilyDefaults(tuple(values["resolutions"]), dict(values["sampler"]))
+        return cls(str(values["name"]), str(values["family"]), str(values["dtype"]), defaults,
+                   str(values["quantize"]))
+
 
 @dataclass(frozen=True)
 class Job:
@@ -126,6 +139,9 @@ def _json_line(text: str, number: int, where: str) -> InputLine:
         raise BatchInputError(
             f"{where} is not valid JSON ({exc.msg} at column {exc.colno}); fix or delete the line (each line is "
             "one object such as {\"prompt\": \"a red circle\", \"seed\": 0}).") from None
+    except RecursionError:
+        raise BatchInputError(f"{where} nests its JSON too deeply to be read; write one flat object such as "
+                              "{\"prompt\": \"a red circle\", \"seed\": 0}.") from None
     if not isinstance(item, dict):
         raise BatchInputError(f"{where} holds a {type(item).__name__}, not a JSON object; write "
                               "{\"prompt\": \"...\"} with optional seed, negative_prompt, resolution and settings.")
@@ -152,7 +168,7 @@ def read_input(path: Union[str, Path]) -> List[InputLine]:
     if not path.is_file():
         raise BatchInputError(f"INPUT {path} is not a file; give a text file (one prompt per line) or a JSONL file.")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte order mark (Windows editors) is not prompt text
     except UnicodeDecodeError as exc:
         line = path.read_bytes().count(b"\n", 0, exc.start) + 1
         raise BatchInputError(f"{path} line {line} is not UTF-8 text; save the file as UTF-8.") from None

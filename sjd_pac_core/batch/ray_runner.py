@@ -25,6 +25,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayError, RayTaskError
 
 from .jobs import Job, ModelInfo
+from .resources import machine_cores, ray_address_problem, threads_problem, workers_problem
 from .runners import Outcome, Say
 from .work import JobOutput, ModelSpec
 
@@ -115,23 +116,36 @@ class RayRunner:
         if ray.is_initialized():  # e.g. a caller (or a test) that started Ray itself
             return
         if self.address:
-            ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=False)
-        else:  # a local Ray with room for every worker, even on a machine with fewer cores
-            ray.init(num_cpus=max(os.cpu_count() or 1, self.workers), include_dashboard=False,
-                     logging_level=logging.WARNING, log_to_driver=False)
+            problem = ray_address_problem(self.address)  # Ray retries a dead address for minutes
+            if problem:
+                raise WorkersUnavailable(problem)
+            try:
+                ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=False)
+            except ConnectionError as exc:  # "auto" with no cluster on this machine
+                raise WorkersUnavailable(f"--ray-address {self.address}: {str(exc).split('. ')[0].rstrip('.')}; "
+                                         "start a cluster with `ray start --head`, or leave --ray-address out.") from None
+        else:  # a local Ray with this machine's cores (and GPUs, which Ray finds itself)
+            ray.init(num_cpus=machine_cores(), include_dashboard=False, logging_level=logging.WARNING,
+                     log_to_driver=False)
         self._started_ray = True
 
     def _actor_options(self) -> Tuple[dict, ModelSpec, int]:
+        """Each worker's Ray resources, model spec and cores; WorkersUnavailable (one sentence, before
+        any worker starts) for more workers or threads than the cluster has."""
         resources = ray.cluster_resources()
         gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 1))
+        where = f"the Ray cluster at {self.address}" if self.address else "this machine's Ray"
         if self.spec.device == "cuda" and gpus < 1:
             raise WorkersUnavailable("--device cuda: the Ray cluster has no GPU; use --device auto or cpu.")
         on_gpu = gpus >= 1 and self.spec.device in ("auto", "cuda")
+        largest_node = max((int(node["Resources"].get("CPU", 0)) for node in ray.nodes() if node.get("Alive")),
+                           default=cpus)
+        problem = (workers_problem(self.workers, cpus, gpus, on_gpu, where)
+                   or threads_problem(self.spec.threads, largest_node, f"the largest machine of {where}"))
+        if problem:
+            raise WorkersUnavailable(problem)
         common = dict(max_restarts=MAX_RESTARTS, max_task_retries=0)
         if on_gpu:
-            if gpus < self.workers:
-                self.say(f"the Ray cluster has {gpus} GPU{'s' if gpus != 1 else ''}: {self.workers - gpus} of "
-                         f"{self.workers} workers wait until more join")
             return dict(num_gpus=1, num_cpus=1, **common), replace(self.spec, device="cuda"), 1
         per_worker = max(1, cpus // self.workers)
         return dict(num_cpus=per_worker, **common), replace(self.spec, device="cpu"), per_worker

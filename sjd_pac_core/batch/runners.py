@@ -9,7 +9,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence
 
-from .jobs import Job, ModelInfo
+from .jobs import BatchInputError, Job, ModelInfo
+from .resources import machine_cores, threads_problem
 from .work import JobOutput, ModelSpec
 
 Say = Callable[[str], None]  # prints one line above the progress bar
@@ -39,6 +40,9 @@ class LocalRunner:
         from ..threads import torch_threads
         from .work import cpu_threads, load_for_jobs
 
+        problem = threads_problem(self.spec.threads, machine_cores())
+        if problem:  # torch crashes far past the cores there are
+            raise BatchInputError(problem)
         self.model, info = load_for_jobs(self.spec)
         threads = self._stack.enter_context(torch_threads(cpu_threads(self.model, self.spec)))
         self.description = f"in this process on {self.model.device}" + (

@@ -37,7 +37,7 @@ def load_prompts(source: str, limit: Optional[int] = None) -> List[str]:
     path = PROMPT_DIR / f"{source}.txt" if source in PROMPT_SETS else Path(source)
     if not path.is_file():
         raise ValueError(f"No prompt file {path}; use --prompt-set demo, general, or a text file path.")
-    prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    prompts = [line.strip() for line in path.read_text(encoding="utf-8-sig").splitlines()]  # no byte order mark
     prompts = [p for p in prompts if p and not p.startswith("#")]
     if not prompts:
         raise ValueError(f"{path} holds no prompts.")

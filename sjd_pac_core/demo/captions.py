@@ -252,7 +252,7 @@ def check_prompt(prompt: str, folder: Union[str, Path]) -> None:
     path = Path(folder) / VOCAB_FILE
     try:
         prompt_format = json.loads(path.read_text()).get("prompt_format", "words")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return  # not a (readable) demo folder: loading it names the problem
     if prompt_format == "slots" and prompt.strip():
         parse_prompt(prompt)

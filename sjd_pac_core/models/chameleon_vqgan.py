@@ -22,6 +22,10 @@ class VQGANLoadError(ValueError):
     """vqgan.yaml / vqgan.ckpt cannot be used; the message names the fix."""
 
 
+MAX_BLOCKS = 512  # residual blocks per level (Chameleon's has 2): each is modules to build
+MAX_LEVELS = 10  # resolution levels, each halving the image (Chameleon's has 5)
+
+
 @dataclass(frozen=True)
 class VQGANConfig:
     """The `model.params` of vqgan.yaml (taming-transformers naming)."""
@@ -48,7 +52,7 @@ class VQGANConfig:
         try:
             params = yaml.safe_load(Path(path).read_text())["model"]["params"]
             dd = params["ddconfig"]
-            return cls(
+            config = cls(
                 embed_dim=int(params["embed_dim"]),
                 n_embed=int(params["n_embed"]),
                 z_channels=int(dd["z_channels"]),
@@ -59,11 +63,20 @@ class VQGANConfig:
                 attn_resolutions=tuple(int(r) for r in (dd.get("attn_resolutions") or ())),
                 resolution=int(dd["resolution"]),
             )
-        except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
+        except (OSError, KeyError, TypeError, ValueError, RecursionError, yaml.YAMLError) as exc:
             raise VQGANLoadError(
-                f"{path} is not a Chameleon vqgan.yaml ({type(exc).__name__}: {exc}); download it again "
-                "from Lumina-mGPT's ckpts/chameleon/tokenizer/ folder."
+                f"{path} is not a Chameleon vqgan.yaml ({' '.join(f'{type(exc).__name__}: {exc}'.split())[:200]}); "
+                "download it again from Lumina-mGPT's ckpts/chameleon/tokenizer/ folder."
             ) from None
+        sizes = (config.embed_dim, config.n_embed, config.z_channels, config.ch, config.out_ch, config.resolution,
+                 config.num_res_blocks, *config.ch_mult)
+        if min(sizes) < 1 or config.num_res_blocks > MAX_BLOCKS or not 1 <= len(config.ch_mult) <= MAX_LEVELS:
+            raise VQGANLoadError(
+                f"{path} describes no VQGAN that can be built (sizes must be whole numbers >= 1, at most "
+                f"{MAX_BLOCKS} blocks per level and 1 to {MAX_LEVELS} levels); download it again from "
+                "Lumina-mGPT's ckpts/chameleon/tokenizer/ folder."
+            )
+        return config
 
 
 def _norm(channels: int) -> nn.GroupNorm:

@@ -97,10 +97,19 @@ def read_safetensors_header(path: Path) -> dict:
         raise ModelLoadError(
             f"{path} is not a readable safetensors file ({exc}); download it again."
         ) from None
+    except RecursionError:
+        raise ModelLoadError(f"{path} has a safetensors header nested too deeply to be read, so the file is "
+                             "damaged; download it again.") from None
     if not isinstance(header, dict):
         raise ModelLoadError(
             f"{path} has a safetensors header that is a JSON {type(header).__name__}, not a table of "
             "tensors; download it again."
+        )
+    metadata = header.get("__metadata__", {})
+    if not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise ModelLoadError(
+            f"{path} has a __metadata__ entry that is not a table of text values (safetensors allows only "
+            "those), so the header is damaged; download it again."
         )
     for name, entry in header.items():
         if name == "__metadata__":
@@ -188,6 +197,9 @@ def read_json_dict(path: Path) -> dict:
         raise ModelLoadError(f"{path} is not UTF-8 text, so it is damaged; download it again.") from None
     except json.JSONDecodeError as exc:
         raise ModelLoadError(f"{path} is not valid JSON ({exc}); download it again.") from None
+    except RecursionError:  # Python's reader gives up past about a thousand levels; real files have a few
+        raise ModelLoadError(f"{path} nests its JSON too deeply to be read, so it is damaged; download it "
+                             "again.") from None
     if not isinstance(value, dict):
         raise ModelLoadError(
             f"{path} holds a JSON {type(value).__name__}, not an object of settings; download it again."
@@ -195,11 +207,29 @@ def read_json_dict(path: Path) -> dict:
     return value
 
 
+# The JSON files of a checkpoint folder that transformers (or the demo loader) reads with Python's
+# JSON reader, each an object: read once here, so that a damaged one is a sentence naming it before
+# any weight is read (inside transformers it is a TypeError or a RecursionError naming nothing).
+CHECKPOINT_JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json",
+                         "special_tokens_map.json", "added_tokens.json", "vocab.json", "processor_config.json",
+                         "preprocessor_config.json", "chat_template.json", "vq_config.json", INDEX_NAME)
+
+
+def check_json_files(folder: Path) -> None:
+    """Every file of CHECKPOINT_JSON_FILES in `folder` is a readable JSON object (read_json_dict)."""
+    for name in CHECKPOINT_JSON_FILES:
+        if (folder / name).is_file():
+            read_json_dict(folder / name)
+
+
 def read_weight_map(index_path: Path) -> Dict[str, str]:
     """The weight name -> shard file table of a model.safetensors.index.json."""
     weight_map = read_json_dict(index_path).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ModelLoadError(f"{index_path} has no valid weight_map (weight -> shard file); download it again.")
+    if not weight_map:
+        raise ModelLoadError(f"{index_path} names no weight at all (its weight_map is empty); download the index "
+                             "and every shard it lists again.")
     return weight_map
 
 

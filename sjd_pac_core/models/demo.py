@@ -36,7 +36,7 @@ def folder_defaults(folder: Path, base: FamilyDefaults) -> FamilyDefaults:
         return base
     try:
         config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ModelLoadError(
             f"{path} could not be read ({' '.join(str(exc).split())[:120]}); it only holds sampling "
             "defaults, so delete it or copy it again from sjd_pac_core/demo/weights."
@@ -89,6 +89,10 @@ class DemoImageModel(ARImageModel):
         self.layout = ImageLayout(rows=grid, cols=grid, row_end=tuple(self.vocab.row_end_ids().tolist()))
         image_ids = torch.arange(self.vocab.image_offset, self.vocab.vocab_size)
         self.constraints = self.layout.constraints(self.vocab.vocab_size, image_ids)
+
+    @classmethod
+    def defaults_for_folder(cls, folder: Path) -> FamilyDefaults:
+        return folder_defaults(folder, cls.defaults)
 
     @classmethod
     def matches(cls, folder: Path, config: dict) -> bool:

@@ -27,12 +27,14 @@ from .kept_parts import keep_what_sampling_uses
 from .hf_common import LoadOptions, free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .checks import ModelLoadError, require_safetensors
+from .config_checks import built_config, meta_model
 from .memory import FamilyShape, census
 from .sizes import EMU3_RESOLUTIONS
 
 REPO_HINT = "BAAI/Emu3-Gen-hf"
 DEFAULT_IMAGE_AREA = 720 * 720
 RATIOS = ("1:1", "4:3", "3:4", "16:9", "9:16")  # their sizes at the default area: sizes.EMU3_RESOLUTIONS
+PROCESSOR_PIXELS_PER_TOKEN = 8  # Emu3Processor.downsample_ratio: its token grid for a ratio and an area
 # Emu3's reference negative prompt (BAAI/Emu3-Gen image_generation.py).
 DEFAULT_NEGATIVE_PROMPT = (
     "lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
@@ -65,9 +67,7 @@ class Emu3ImageModel(ARImageModel):
         for ratio in RATIOS:
             rows, cols = processor.calculate_generate_size(ratio, image_area, processor.downsample_ratio)
             self.sizes.setdefault(f"{cols * vq_factor}x{rows * vq_factor}", Emu3Size(ratio, rows, cols))
-        # Reference settings (Emu3-Gen README): CFG 3.0, top-k 2048, temperature 1.0.
-        self.defaults = FamilyDefaults(resolutions=tuple(self.sizes),
-                                       sampler=dict(cfg_scale=3.0, temperature=1.0, top_k=2048))
+        self.defaults = FamilyDefaults(resolutions=tuple(self.sizes), sampler=self.SAMPLER_DEFAULTS)
         self.token_model = ImageHeadAdapter(model, model.model, self.token_space)
         self._last_resolution: Optional[str] = None
 
@@ -92,6 +92,9 @@ class Emu3ImageModel(ARImageModel):
             )
         return torch.tensor([img2bpe[c] for c in range(num_codes)] + specials, dtype=torch.long)
 
+    # Reference settings (Emu3-Gen README): CFG 3.0, top-k 2048, temperature 1.0.
+    SAMPLER_DEFAULTS = dict(cfg_scale=3.0, temperature=1.0, top_k=2048)
+
     # --- loading ------------------------------------------------------------------------------
     QUANTIZED_LAYERS = r"model\.text_model\.layers"  # the decoder layers: the only quantized linears
     # Pixels come from the VQ decoder alone (decode_image_tokens: codebook, post-quant convolution,
@@ -106,12 +109,12 @@ class Emu3ImageModel(ARImageModel):
     @classmethod
     def memory_shape(cls, config: dict, folder: Optional[Path] = None) -> FamilyShape:
         """The plan's view of this config (the model is built on the meta device: no memory)."""
-        cfg = Emu3Config.from_dict(dict(config, vocabulary_map=config.get("vocabulary_map") or {}))
-        with torch.device("meta"):
-            model = Emu3ForConditionalGeneration(cfg)
+        path = (folder or Path(".")) / "config.json"
+        area = cls.image_area(config, path)
+        cfg = built_config(Emu3Config, dict(config, vocabulary_map=config.get("vocabulary_map") or {}), path)
+        model = meta_model(Emu3ForConditionalGeneration, cfg, path)
         codes = cfg.vq_config.codebook_size
         text = cfg.text_config
-        area = int(config.get("image_area", DEFAULT_IMAGE_AREA))
         factor = 2 ** (len(cfg.vq_config.channel_multiplier) - 1)
         if area == DEFAULT_IMAGE_AREA:
             grids = [(int(r.split("x")[1]) // factor, int(r.split("x")[0]) // factor) for r in EMU3_RESOLUTIONS]
@@ -127,6 +130,23 @@ class Emu3ImageModel(ARImageModel):
             hidden=text.hidden_size, intermediate=text.intermediate_size, sampler_vocab=codes + 4,
             image_tokens={f"{cols * factor}x{rows * factor}": rows * (cols + 1) + 3 for rows, cols in grids},
         )
+
+    @staticmethod
+    def image_area(config: dict, path: Path) -> int:
+        """config.json's image_area (720x720 where it sets none), checked: every ratio the family
+        offers must be at least one token high and wide there (the processor's rounding, at its
+        8 pixels per token), or the first prompt fails deep inside transformers."""
+        area = config.get("image_area", DEFAULT_IMAGE_AREA)
+        if isinstance(area, bool) or not isinstance(area, int) or area < 1:
+            raise ModelLoadError(f"{path} sets image_area to {area!r}, which is not a whole number of pixels >= 1; "
+                                 f"download config.json of {REPO_HINT} again.")
+        for ratio in RATIOS:
+            width, height = map(int, ratio.split(":"))
+            scale = (area / (width * height)) ** 0.5 / PROCESSOR_PIXELS_PER_TOKEN
+            if min(round(width * scale), round(height * scale)) < 1:
+                raise ModelLoadError(f"{path} sets image_area to {area:,} pixels, too small for a {ratio} image of one "
+                                     f"token per side; download config.json of {REPO_HINT} again.")
+        return area
 
     @classmethod
     def load(
@@ -147,7 +167,7 @@ class Emu3ImageModel(ARImageModel):
         model = load_pretrained(Emu3ForConditionalGeneration, folder, dtype, device, options,
                                 unused=cls.UNUSED_MODULES,
                                 prepare=lambda m: keep_what_sampling_uses(m, cls.sampler_ids(m, processor)))
-        return cls(model, processor, int(config.get("image_area", DEFAULT_IMAGE_AREA)))
+        return cls(model, processor, cls.image_area(config, folder / "config.json"))
 
     # --- prompts ------------------------------------------------------------------------------
     def layout(self, resolution: str) -> ImageLayout:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Type, Union
@@ -40,6 +42,41 @@ def postprocess_to_pil(processor, pixels: torch.Tensor) -> List[Image.Image]:
 def short(exc: BaseException, limit: int = 200) -> str:
     """An exception as one line for a one-sentence error message."""
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:limit]
+
+
+# A chat template is code the checkpoint ships (Jinja): a crafted one can loop for hours on one
+# prompt. Real templates render in milliseconds; one that takes this long is refused.
+CHAT_TEMPLATE_SECONDS = 5.0
+
+
+class _TemplateOverrun(Exception):
+    """Raised inside a chat template's rendering once its time is up (see render_chat_template)."""
+
+
+def render_chat_template(processor, messages: list, fix: str, seconds: float = CHAT_TEMPLATE_SECONDS) -> str:
+    """The processor's chat template applied to `messages` (with the generation prompt), stopped
+    after `seconds`: a trace function (Python's own hook, called on every line the template's
+    compiled code runs) raises once the time is up. A template that overruns or fails is a
+    ModelLoadError whose sentence ends with `fix`."""
+    deadline = time.monotonic() + seconds
+
+    def trace(frame, event, arg):
+        if time.monotonic() > deadline:
+            raise _TemplateOverrun
+        return trace
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        return processor.apply_chat_template(messages, add_generation_prompt=True)
+    except _TemplateOverrun:
+        raise ModelLoadError(f"The checkpoint's chat template runs for more than {seconds:g} s on one prompt (a "
+                             f"template is code, and this one does not finish); {fix}") from None
+    except Exception as exc:  # noqa: BLE001 - a template may raise anything (the sandbox's limits, its own errors)
+        reason = short(exc).replace(". ", "; ").rstrip(".")  # the template's words inside our one sentence
+        raise ModelLoadError(f"The checkpoint's chat template fails on a prompt ({reason}); {fix}") from None
+    finally:
+        sys.settrace(previous)
 
 
 def require_any(folder: Path, names: List[str], what: str, fix: str) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -140,6 +141,15 @@ class ARImageModel(ABC):
     # The resolution encode_prompt last set up (families with several sizes): what decode reads
     # tokens as when several sizes have as many tokens, and what preview shows when not told.
     _last_resolution: Optional[str] = None
+    # The family's recommended sampler settings (its reference code), changes of SamplerConfig's.
+    SAMPLER_DEFAULTS: Dict[str, Any] = {}
+
+    @classmethod
+    def defaults_for_folder(cls, folder: Path) -> FamilyDefaults:
+        """The family's settings for a checkpoint folder from its small files alone (no model is
+        built); its sizes are left empty where only the loaded model knows them. `sjd-pac batch`
+        checks its jobs against these before loading."""
+        return FamilyDefaults((), cls.SAMPLER_DEFAULTS)
 
     @property
     def device(self) -> torch.device:

@@ -21,12 +21,20 @@ from transformers import JanusConfig, JanusForConditionalGeneration, JanusProces
 
 from .adapters import GenerationHeadAdapter
 from .kept_parts import keep_what_sampling_uses
-from .hf_common import LoadOptions, free_model, load_pretrained, postprocess_to_pil, preview_image, require_any, short
+from .hf_common import (LoadOptions, free_model, load_pretrained, postprocess_to_pil, preview_image,
+                        render_chat_template, require_any, short)
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .checks import ModelLoadError, require_safetensors
+from .config_checks import built_config, meta_model
 from .memory import FamilyShape, census
 
 REPO_HINT = "deepseek-community/Janus-Pro-7B (or -1B)"
+TEMPLATE_FIX = f"download chat_template.jinja and the processor files of {REPO_HINT} again."
+
+
+def user_message(text: str) -> list:
+    """The chat the prompt is sent as: one user turn holding the text."""
+    return [{"role": "user", "content": [{"type": "text", "text": text}]}]
 
 
 class JanusImageModel(ARImageModel):
@@ -36,13 +44,8 @@ class JanusImageModel(ARImageModel):
     def __init__(self, model: JanusForConditionalGeneration, processor: JanusProcessor) -> None:
         self.model = model
         self.processor = processor
-        vision, vq = model.config.vision_config, model.config.vq_config
-        grid = vision.image_size // vision.patch_size
-        if grid * grid != vision.num_image_tokens:
-            raise ModelLoadError(
-                f"config.json is inconsistent ({grid}x{grid} patches but num_image_tokens="
-                f"{vision.num_image_tokens}); download config.json of {REPO_HINT} again."
-            )
+        vq = model.config.vq_config
+        grid = self.image_grid(model.config, Path("config.json"))
         self.num_codes = vq.num_embeddings
         pixels = grid * 2 ** (len(vq.channel_multiplier) - 1)
         self.resolution = f"{pixels}x{pixels}"
@@ -59,10 +62,12 @@ class JanusImageModel(ARImageModel):
                 f"The Janus tokenizer/generation config lacks BOS, begin-of-image or pad; download "
                 f"generation_config.json and the tokenizer files of {REPO_HINT} again."
             )
-        # Reference settings (JanusForConditionalGeneration.generate / Janus-Pro demo): CFG 5,
-        # temperature 1, no top-k.
-        self.defaults = FamilyDefaults(resolutions=(self.resolution,), sampler=dict(cfg_scale=5.0, temperature=1.0))
+        self.defaults = FamilyDefaults(resolutions=(self.resolution,), sampler=self.SAMPLER_DEFAULTS)
         self.token_model = GenerationHeadAdapter(model, self.num_codes)
+
+    # Reference settings (JanusForConditionalGeneration.generate / Janus-Pro demo): CFG 5,
+    # temperature 1, no top-k.
+    SAMPLER_DEFAULTS = dict(cfg_scale=5.0, temperature=1.0)
 
     # --- loading ------------------------------------------------------------------------------
     QUANTIZED_LAYERS = r"model\.language_model\.layers"  # the decoder layers: the only quantized linears
@@ -81,11 +86,11 @@ class JanusImageModel(ARImageModel):
         """The plan's view of this config (the model is built on the meta device: no memory). The
         text LM head is never used for images: none of its rows is kept; the text embedding only
         embeds the prompt: none of its rows is on the device."""
-        cfg = JanusConfig.from_dict(config)
-        with torch.device("meta"):
-            model = JanusForConditionalGeneration(cfg)
-        text, vision = cfg.text_config, cfg.vision_config
-        grid = vision.image_size // vision.patch_size
+        path = (folder or Path(".")) / "config.json"
+        cfg = built_config(JanusConfig, config, path)
+        grid = cls.image_grid(cfg, path)
+        model = meta_model(JanusForConditionalGeneration, cfg, path)
+        text = cfg.text_config
         pixels = grid * 2 ** (len(cfg.vq_config.channel_multiplier) - 1)
         return FamilyShape(
             family="janus", weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", 0),
@@ -96,6 +101,19 @@ class JanusImageModel(ARImageModel):
             hidden=text.hidden_size, intermediate=text.intermediate_size, sampler_vocab=cfg.vq_config.num_embeddings,
             image_tokens={f"{pixels}x{pixels}": grid * grid},
         )
+
+    @staticmethod
+    def image_grid(cfg: JanusConfig, path: Path) -> int:
+        """Codes per side of the image: image_size / patch_size, which num_image_tokens must square."""
+        vision = cfg.vision_config
+        grid = vision.image_size // vision.patch_size
+        if grid < 1 or grid * grid != vision.num_image_tokens:
+            raise ModelLoadError(
+                f"{path} is inconsistent (vision_config: image_size {vision.image_size} / patch_size "
+                f"{vision.patch_size} gives a {grid}x{grid} grid, but num_image_tokens is "
+                f"{vision.num_image_tokens}); download config.json of {REPO_HINT} again."
+            )
+        return grid
 
     @classmethod
     def load(
@@ -109,6 +127,8 @@ class JanusImageModel(ARImageModel):
             processor = JanusProcessor.from_pretrained(folder)
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"The Janus processor in {folder} cannot be loaded ({short(exc)}); {fix}") from None
+        if processor.chat_template is not None:  # a template that fails or never ends, found before the weights
+            render_chat_template(processor, user_message("a red cat on a blue field"), TEMPLATE_FIX)
         # Image codes bypass the text vocabulary: no row of the text head is kept, and the text
         # embedding (the prompt's) stays in CPU memory.
         model = load_pretrained(JanusForConditionalGeneration, folder, dtype, device, options,
@@ -121,8 +141,7 @@ class JanusImageModel(ARImageModel):
         resolution = self.check_resolution(resolution)
         text = prompt.strip()
         if self.processor.chat_template is not None:
-            messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
-            text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
+            text = render_chat_template(self.processor, user_message(text), TEMPLATE_FIX)
         ids = torch.as_tensor(self.processor(text=text, generation_mode="image")["input_ids"][0]).long().reshape(-1)
         keep = (ids == self.bos_id) | (ids == self.boi_id)
         warnings: List[str] = []

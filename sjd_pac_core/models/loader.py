@@ -20,6 +20,7 @@ from .checks import (  # noqa: F401  (re-exported: the loader's public checks)
     FINITE_CHECK_DEFAULT_LIMIT,
     ModelLoadError,
     check_finite_weights,
+    check_json_files,
     check_transformers_version,
     check_weight_files,
     checkpoint_numel,
@@ -29,6 +30,7 @@ from .checks import (  # noqa: F401  (re-exported: the loader's public checks)
 from .image_model import ARImageModel
 
 if TYPE_CHECKING:
+    from .image_model import FamilyDefaults
     from .memory import MemoryPlan
 
 DEMO_NAME = "demo"
@@ -161,6 +163,11 @@ OTHER_FORMATS = {
 
 
 def detect_family(folder: Path, config: dict) -> str:
+    """The family whose `matches` takes the folder."""
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ModelLoadError(f"{folder / 'config.json'} sets model_type to {model_type!r}, which is not a name "
+                             "such as 'emu3'; download config.json of the checkpoint again.")
     for name, spec in FAMILIES.items():
         if _family_class(spec).matches(folder, config):
             return name
@@ -184,7 +191,7 @@ def _rebuild_demo(exc: ModelLoadError) -> ModelLoadError:
 def model_family(path: Union[str, os.PathLike]) -> Tuple[Path, dict, str]:
     """(folder, config, family) of a checkpoint folder or "demo", from the small files only; a
     config.json value no model can be built from is a ModelLoadError."""
-    from .config_checks import check_config_values
+    from .config_checks import check_config_values, check_sizes_against_weights
 
     folder = resolve_folder(path)
     family = None
@@ -192,11 +199,20 @@ def model_family(path: Union[str, os.PathLike]) -> Tuple[Path, dict, str]:
         config = read_config(folder)
         family = detect_family(folder, config)
         check_config_values(folder / "config.json", config)
+        check_sizes_against_weights(folder, config)
         return folder, config, family
     except ModelLoadError as exc:
         if folder != DEMO_FOLDER and family != "demo":
             raise
         raise _rebuild_demo(exc) from None
+
+
+def family_defaults(path: Union[str, os.PathLike]) -> "FamilyDefaults":
+    """The settings load_model's model of this folder (or "demo") will have, from its small files
+    alone: no weight is read and no model built. Its sizes are empty where only the loaded model
+    knows them (they come from the processor). ModelLoadError as load_model would give it."""
+    folder, config, family = model_family(path)
+    return _family_class(FAMILIES[family]).defaults_for_folder(folder)
 
 
 def memory_plan(
@@ -207,15 +223,25 @@ def memory_plan(
     rows: int = 2,
 ) -> Optional["MemoryPlan"]:
     """What the checkpoint needs on the device at each precision, from config.json alone (no weight
-    is read); None for the bundled demo model (a few MB)."""
+    is read); None for the bundled demo model (a few MB). rows: 2 with guidance (CFG), 1 without;
+    resolution: one of the checkpoint's sizes (None: its default)."""
     from .memory import plan_memory
 
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows not in (1, 2):
+        raise ModelLoadError(f"rows must be 1 (no guidance) or 2 (guidance, the families' default), got {rows!r}.")
+    if resolution is not None and not isinstance(resolution, str):
+        raise ModelLoadError(f"resolution must be a size such as '768x768' or None (the model's default), got "
+                             f"{resolution!r}.")
     folder, config, family = model_family(path)
     cls = _family_class(FAMILIES[family])
     if not hasattr(cls, "memory_shape"):
         return None
     dev = resolve_device(device)
-    return plan_memory(cls.memory_shape(config, folder), dev, resolve_dtype(dtype, dev), resolution, rows=rows)
+    shape = cls.memory_shape(config, folder)
+    if resolution is not None and resolution not in shape.image_tokens:
+        raise ModelLoadError(f"The {family} model in {folder} draws no {resolution} image; choose one of "
+                             f"{', '.join(shape.image_tokens)}.")
+    return plan_memory(shape, dev, resolve_dtype(dtype, dev), resolution, rows=rows)
 
 
 def check_family_window(folder: Path, config: dict, shape) -> None:
@@ -277,7 +303,7 @@ def load_model(
     """
     from .hf_common import OFFLOAD_HINT, LoadOptions
     from .memory import plan_memory
-    from .quantize import check_choice, quantization_config, scheme_for
+    from .quantize import check_choice, group_size_for, quantization_config, scheme_for
 
     if check_finite is not None and not isinstance(check_finite, bool):
         raise ModelLoadError(f"check_finite must be None, True or False, got {check_finite!r}.")
@@ -286,6 +312,7 @@ def load_model(
     folder, config, family = model_family(path)
     is_demo = folder == DEMO_FOLDER or family == "demo"
     try:
+        check_json_files(folder)  # transformers reads them with Python's JSON: a damaged one named here
         check_weight_files(folder)
     except ModelLoadError as exc:
         if not is_demo:
@@ -306,13 +333,17 @@ def load_model(
     else:
         try:
             shape = cls.memory_shape(config, folder)
-        except Exception:  # noqa: BLE001 - a config the family's own checks explain better
+        except ModelLoadError:
+            raise
+        except Exception:  # noqa: BLE001 - a folder the family's own checks explain better (no VQGAN files)
             shape = None
         if shape is None:  # the family's load names what is wrong with the folder
             cls.load(folder, config, torch_dtype, dev)
             raise ModelLoadError(f"{folder / 'config.json'} does not describe a model sjd-pac can plan for; "
                                  "download config.json of the checkpoint again.")
         check_family_window(folder, config, shape)
+        if quantize not in ("none", "auto"):  # what was asked for, checked before its cost is planned
+            group_size_for(scheme_for(quantize, dev), [i for _, i in shape.weights.quantizable])
         plan = plan_memory(shape, dev, torch_dtype)
         spread = device_map is not None
         if not spread and str(device) == "auto" and dev.type == "cuda" and quantize == "none" and not plan.fits("none"):

@@ -39,6 +39,7 @@ from .chameleon_vqgan import ChameleonVQGANDecoder, VQGANConfig, VQGANLoadError,
 from .hf_common import LoadOptions, free_model, load_pretrained, pixels_to_pil, preview_image, short
 from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
 from .checks import ModelLoadError, require_safetensors
+from .config_checks import built_config, meta_model
 from .memory import FamilyShape, census
 from .sizes import PIXELS_PER_GRID, trained_sizes
 
@@ -93,7 +94,7 @@ def qk_norm_rows(folder: Path) -> Optional[int]:
                 header = json.loads(f.read(header_len))
             if key in header:
                 return int(header[key]["shape"][0])
-    except (OSError, KeyError, ValueError, struct.error):
+    except (OSError, KeyError, TypeError, ValueError, RecursionError, struct.error):
         return None  # unreadable files are reported by the loader's own checks
     return None
 
@@ -216,14 +217,14 @@ class LuminaMGPTImageModel(ARImageModel):
         self.text_tokenizer = text_tokenizer
         self.vocab = vocab
         self.num_codes = vocab.num_codes
-        # Reference settings (Lumina-mGPT inference_solver): CFG 3.0 (its README uses 4.0), image
-        # top-k 2000, temperature 1.0.
-        self.defaults = FamilyDefaults(
-            resolutions=tuple(f"{w}x{h}" for w, h in sizes), sampler=dict(cfg_scale=3.0, temperature=1.0, top_k=2000)
-        )
+        self.defaults = FamilyDefaults(resolutions=tuple(f"{w}x{h}" for w, h in sizes), sampler=self.SAMPLER_DEFAULTS)
         self.token_model = ImageHeadAdapter(model, model.model, vocab.token_space)
         self._layouts: Dict[str, ImageLayout] = {}
         self._last_resolution: Optional[str] = None
+
+    # Reference settings (Lumina-mGPT inference_solver): CFG 3.0 (its README uses 4.0), image
+    # top-k 2000, temperature 1.0.
+    SAMPLER_DEFAULTS = dict(cfg_scale=3.0, temperature=1.0, top_k=2000)
 
     # --- loading ------------------------------------------------------------------------------
     QUANTIZED_LAYERS = r"model\.layers"  # the decoder layers: the only quantized linears
@@ -236,11 +237,14 @@ class LuminaMGPTImageModel(ARImageModel):
     def memory_shape(cls, config: dict, folder: Optional[Path] = None) -> FamilyShape:
         """The plan's view of this config (the model is built on the meta device: no memory), with
         Meta's VQGAN decoder (fp32) read from vqgan.yaml, or Chameleon's published one."""
-        cfg = ChameleonConfig.from_dict(dict(config, vocabulary_map=config.get("vocabulary_map") or {}))
-        with torch.device("meta"):
-            model = LuminaLayoutChameleon(cfg)
+        path = (folder or Path(".")) / "config.json"
+        cfg = built_config(ChameleonConfig, dict(config, vocabulary_map=config.get("vocabulary_map") or {}), path)
+        model = meta_model(LuminaLayoutChameleon, cfg, path)
         vq_dir = find_vqgan_dir(folder) if folder is not None else None
-        vq_config = VQGANConfig.from_yaml(vq_dir / "vqgan.yaml") if vq_dir is not None else CHAMELEON_VQGAN
+        try:
+            vq_config = VQGANConfig.from_yaml(vq_dir / "vqgan.yaml") if vq_dir is not None else CHAMELEON_VQGAN
+        except VQGANLoadError as exc:
+            raise ModelLoadError(str(exc)) from None
         with torch.device("meta"):
             decoder_params = sum(p.numel() for p in ChameleonVQGANDecoder(vq_config).parameters())
         codes = vq_config.n_embed

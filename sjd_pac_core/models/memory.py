@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..config import PROBE_SIZES
-from .quantize import PRECISIONS, SCHEMES, Scheme, group_size_for
+from .quantize import PRECISIONS, SCHEMES, Scheme, group_size_for, holds_widths
 
 GB = 1e9
 PROMPT_TOKENS = 160  # a long prompt after the family's template (most are 30-80 tokens)
@@ -271,7 +271,9 @@ def plan_memory(
     free: Optional[int] = -1,
     precisions: Sequence[str] = PRECISIONS,
 ) -> MemoryPlan:
-    """The plan for one checkpoint shape on one device; free=-1 reads the device's free memory."""
+    """The plan for one checkpoint shape on one device; free=-1 reads the device's free memory. A
+    precision whose scheme cannot quantize these layers (4-bit groups that divide no input width)
+    has no cost in it: it is not offered for this checkpoint (load_model says why when asked)."""
     resolution = resolution or shape.default_resolution
     nodes = max(largest_pass(window), 128)
     entries = cache_entries(prompt_tokens, shape.image_tokens[resolution], largest_pass(window))
@@ -279,10 +281,11 @@ def plan_memory(
     act = activation_bytes(shape, rows, entries, nodes, dtype)
     on_cpu = device.type == "cpu"
     host = shape.weights.host * _bytes(dtype)
+    widths = [i for _, i in shape.weights.quantizable]
     costs = []
     for precision in precisions:
         scheme = None if precision == "none" else SCHEMES.get((device.type, precision))
-        if precision != "none" and scheme is None:
+        if precision != "none" and (scheme is None or not holds_widths(scheme, widths)):
             continue
         label = str(dtype).replace("torch.", "").replace("bfloat16", "bf16").replace("float16", "fp16").replace(
             "float32", "fp32") if scheme is None else scheme.label

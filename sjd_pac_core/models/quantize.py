@@ -164,17 +164,31 @@ def available_precisions(device: torch.device) -> Tuple[str, ...]:
     return tuple(found)
 
 
-def group_size_for(scheme: Scheme, in_features: List[int]) -> int:
-    """The largest group size (of GROUP_SIZES, at most the scheme's) dividing every input width."""
+def _group_size(scheme: Scheme, in_features: List[int]) -> Optional[int]:
+    """The largest group size (of GROUP_SIZES, at most the scheme's) dividing every input width;
+    0 for a scheme without groups, None when none divides them all."""
     if scheme.group_size is None:
         return 0
-    for size in GROUP_SIZES:
-        if size <= scheme.group_size and all(n % size == 0 for n in in_features):
-            return size
-    raise ModelLoadError(
-        f"{scheme.label} needs the layers' input widths ({sorted(set(in_features))}) to be multiples of "
-        f"{GROUP_SIZES[-1]}; use quantize='int8' or 'none' for this checkpoint."
-    )
+    return next((size for size in GROUP_SIZES
+                 if size <= scheme.group_size and all(n % size == 0 for n in in_features)), None)
+
+
+def holds_widths(scheme: Scheme, in_features: List[int]) -> bool:
+    """Whether the scheme can quantize linear layers of these input widths (its groups divide them)."""
+    return _group_size(scheme, in_features) is not None
+
+
+def group_size_for(scheme: Scheme, in_features: List[int]) -> int:
+    """The scheme's group size for these input widths; one sentence naming the quantize value asked
+    for when no group size divides them."""
+    size = _group_size(scheme, in_features)
+    if size is None:
+        raise ModelLoadError(
+            f"quantize={scheme.precision!r} ({scheme.label}) needs the decoder layers' input widths "
+            f"({', '.join(map(str, sorted(set(in_features))))}) to be multiples of {GROUP_SIZES[-1]}, which this "
+            "checkpoint's are not; use quantize='int8' or 'none' for it."
+        )
+    return size
 
 
 def keep_full_precision(quantized_prefix: str) -> List[str]:

@@ -41,9 +41,11 @@ from sjd_pac_core.engine import budget as bd
 from sjd_pac_core.engine import draft as draft_module
 from sjd_pac_core.engine import drafters
 from sjd_pac_core.engine import mixture as mixture_module
-from sjd_pac_core.engine.neighbour_laws import TopRows
+from sjd_pac_core.engine.draft import DraftWindow
+from sjd_pac_core.engine.neighbour_laws import NeighbourLaws, TopRows
 from sjd_pac_core.models import memory
 from sjd_pac_core.sampling import rules
+from sjd_pac_core.sampling.constraint_table import ConstraintTable
 from sjd_pac_core.sampling.recipe import SamplingRecipe, TokenConstraints, process
 from sjd_pac_core.sampling.tree import TreeShape
 
@@ -179,6 +181,32 @@ def test_best_tree_is_valid_and_every_prefix_is_a_tree():
         TreeShape(part.paths).check()
         assert all(len(p) <= part.window for p in part.paths) and len(part.widths) == part.window
     assert list(tree.expected) == sorted(tree.expected)
+
+
+@pytest.mark.timeout(60)  # a loop that never ends fails here by name, long before the suite's limit
+def test_best_tree_ends_at_every_budget_up_to_past_the_nodes_there_are():
+    """Three positions of two slots hold 14 nodes: every budget from 1 to one past that gives a
+    tree of min(budget, 14) nodes, valid at every prefix (and the main chain's floor one past
+    the window, too)."""
+    win = np.zeros((bd.CLASSES, 2))
+    win[:, 0], win[:, 1] = 0.6, 0.3
+    classes = (1, 2, 3)
+    for budget in range(1, 16):
+        for min_chain in (0, 4):
+            tree = bd.best_tree(win, classes, budget, max_width=2, leaf_value=0.5, min_chain=min_chain)
+            assert len(tree.paths) == min(budget, 14), (budget, min_chain)
+            TreeShape(tree.paths).check()
+
+
+def test_a_budget_tree_larger_than_its_pass_is_an_internal_error(monkeypatch):
+    """The pass is padded to its budget: a tree one node over it stops the run with a clear
+    error where the pass is drafted (not a shape error deep in the forward, nor a hang)."""
+    real_best_tree = drafters.best_tree
+    monkeypatch.setattr(drafters, "best_tree", lambda win, classes, budget, *args, **kwargs: real_best_tree(
+        win, classes, budget + 1, *args, **kwargs))
+    with pytest.raises(RuntimeError, match=r"internal error: the budget's tree has 17 nodes, more than the 16"):
+        sp.sample_tokens(seed_exact_lm(), SEED_PROMPT, 40, config=sp.SamplerConfig(node_budget=16, verify="gumbel"),
+                         seed=0)
 
 
 def test_fastest_budget_follows_the_cost_curve():
@@ -490,6 +518,85 @@ def test_planted_law_candidates_verified_as_draws_from_q_are_caught(monkeypatch,
     p_value, worst, _ = _markov_check(MIXTURE_CASES[name], 1500, seed0=10**6, row_length=3)
     assert any(changed)
     assert p_value < P_VALUE_PLANTED_MAX, f"law candidates verified as draws from q went unnoticed: p = {p_value:.2e}"
+
+
+def _law_context(vocab: int, num_tokens: int, committed) -> drafters.DraftContext:
+    """A drafting context of the rejection rule over `vocab` tokens, no grid."""
+    return drafters.DraftContext(
+        rule=rules.RejectionRule(torch.Generator().manual_seed(0)), recipe=SamplingRecipe(),
+        constraints=ConstraintTable(TokenConstraints(vocab, num_tokens), torch.device("cpu")), num_tokens=num_tokens,
+        init_proposal="nearest", positions=torch.arange(num_tokens + 4), committed=torch.tensor(committed))
+
+
+def test_rows_the_law_has_not_seen_keep_their_own_candidates_and_q():
+    """Drafter.candidates_from_law on hand-made values: the law has seen token 1 (to the left of
+    window row 0) and not token 3 (the draft left of row 1), so row 0 takes the law's candidates
+    and verifies them against the law, and row 1 keeps the draw from its own q, verified against
+    that q. The planted fault (row 1 verified against the law too) must change row 1's law."""
+    vocab = 5
+    laws = NeighbourLaws(vocab, 0, torch.device("cpu"))
+    laws.add(torch.tensor([1]), torch.tensor([1]), torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.4]]),
+             torch.tensor([0, 1, 0, 0, 0, 0]), 2)
+    ctx = _law_context(vocab, 6, [0, 1, 0, 0, 0, 0])
+    q = torch.tensor([[0.6, 0.1, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.1, 0.6]])
+    window = DraftWindow(torch.tensor([3, 4]), q)
+    cands, valid = torch.tensor([[3, 0, 2], [4, 0, 1]]), torch.ones(2, 3, dtype=torch.bool)
+
+    def rows():
+        return drafters.Drafter.candidates_from_law(ctx, laws, window, 2, cands, valid)
+
+    out, out_valid, beside = rows()
+    law, seen = laws.window_law(2, window.tokens, ctx.committed, torch.ones(2, vocab, dtype=torch.bool))
+    assert seen.tolist() == [True, False]
+    assert out[0, 0] == 3 and 3 not in out[0, 1:].tolist() and torch.equal(beside[0], law[0])
+    assert torch.equal(out[1], cands[1]) and torch.equal(out_valid[1], valid[1]) and torch.equal(beside[1], q[1])
+    with planted_fault("unseen_rows_verified_against_law") as calls:
+        _, _, faulty = rows()
+    assert calls.count > 0 and not torch.allclose(faulty[1], q[1])
+
+
+# Rows whose neighbours the law has never seen: at V = 12 with no grid, a third of the rows with
+# candidates (top-k 4: the drafts visit few tokens, and the law sees only the tokens the passes
+# fed). They keep the candidates drawn from their own q and must be verified against that q. The
+# planted fault verifies them against the law (uniform where it has seen nothing): 1,000
+# sequences gave p = 8e-14 and 4e-15 at seeds 10**6+ and 2 x 10**6+ (planted_power's estimate:
+# power 0.999 at p < 1e-6 from 1,200, and 0.99 at p < 1e-3 from 750, the case's own check).
+UNSEEN_CHAIN = dict(vocab=12, tokens=6, profile=(2.0, 1.0, 0.0, -1.0, -2.0, -3.0))
+UNSEEN_CONFIG = RejectionConfig(window=8, top_k=4)
+UNSEEN_SAMPLES, UNSEEN_PLANTED_SAMPLES = 800, 1200
+UNSEEN_SHARE_MIN = 0.2
+
+
+def _unseen_rows_check(samples: int, seed0: int = 0):
+    chain = MarkovChain.shifted(UNSEEN_CHAIN["vocab"], UNSEEN_CHAIN["tokens"], UNSEEN_CHAIN["profile"], seed=0)
+    tokens = draw_sequences(chain.model(), torch.tensor([0]), chain.num_tokens, UNSEEN_CONFIG, samples, seed0=seed0)
+    return pair_laws_pvalue(tokens, chain.pair_laws(UNSEEN_CONFIG))
+
+
+def test_law_candidates_with_many_unseen_rows_match_the_markov_marginals(monkeypatch):
+    original = drafters.Drafter.candidates_from_law
+    seen_rows: list = []
+
+    def recording(ctx, laws, window, start, cands, valid):
+        out = original(ctx, laws, window, start, cands, valid)
+        if out[2] is not None:
+            positions = ctx.positions[start : start + cands.shape[0]]
+            seen_rows.extend(laws.window_law(start, window.tokens, ctx.committed,
+                                             ctx.constraints.mask(positions))[1].tolist())
+        return out
+
+    monkeypatch.setattr(drafters.Drafter, "candidates_from_law", staticmethod(recording))
+    p_value, worst = _unseen_rows_check(UNSEEN_SAMPLES)
+    unseen = seen_rows.count(False) / max(1, len(seen_rows))
+    assert unseen >= UNSEEN_SHARE_MIN and seen_rows.count(True) > 0, f"unseen rows: {unseen:.0%} of {len(seen_rows)}"
+    assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
+
+
+def test_planted_unseen_rows_verified_against_the_law_are_caught():
+    with planted_fault("unseen_rows_verified_against_law") as calls:
+        p_value, worst = _unseen_rows_check(UNSEEN_PLANTED_SAMPLES, seed0=10**6)
+    assert calls.count > 0, "the seam of unseen_rows_verified_against_law never ran"
+    assert p_value < P_VALUE_PLANTED_MAX, f"unseen rows verified against the law went unnoticed: p = {p_value:.2e}"
 
 
 def test_budget_trees_behind_side_candidates_match_a_second_order_chain():

@@ -185,8 +185,10 @@ V3_CONTROLS = {
 @pytest.mark.parametrize("name", list(V3_CONTROLS))
 def test_negative_control_planted_bug_is_caught(tiny, monkeypatch, name):
     attribute, faulty, config, samples = V3_CONTROLS[name]
-    monkeypatch.setattr(rules, attribute, faulty)
+    calls = []
+    monkeypatch.setattr(rules, attribute, lambda *args, **kwargs: calls.append(1) or faulty(*args, **kwargs))
     p_value, tv, noise = _check(tiny, config, None, samples, seed0=10**6)
+    assert calls, f"the planted {attribute} never ran"
     assert p_value < P_VALUE_PLANTED_MAX, (
         f"planted bug {name} went unnoticed: p = {p_value:.2e}, tv {tv:.4f}, noise {noise:.4f}"
     )

@@ -156,9 +156,11 @@ def test_recursive_rejection_rows_controls():
     with planted_fault("q_keeps_rejected_mass") as calls:
         assert _worst_level_error() > 0.05
     assert calls.count > 0
+    residual_calls = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(verify, "residual", lambda p, q: p)
+        patch.setattr(verify, "residual", lambda p, q: residual_calls.append(1) or p)
         assert _worst_level_error() > 0.05
+    assert residual_calls
 
 
 def test_recursive_rejection_rows_by_hand():

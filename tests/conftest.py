@@ -17,6 +17,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+SLOW_TEST_TIMEOUT_S = 900  # a test marked slow (a few long runs in subprocesses, a browser) may take this long
+
+
+def pytest_collection_modifyitems(items):
+    """The suite's per-test limit (pyproject.toml's timeout) is too short for a test marked slow:
+    it gets SLOW_TEST_TIMEOUT_S unless it sets its own."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ models (first and second order) with exact pair laws; the chi-square tests and t
 
 from __future__ import annotations
 
+import __future__
 import contextlib
 import dataclasses
 import functools
@@ -18,6 +19,7 @@ import inspect
 import itertools
 import math
 import sys
+import textwrap
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -568,18 +570,19 @@ def side_branch_share(records) -> float:
 # call counter: a fault whose seam never ran proves nothing, and the tests assert it ran.
 
 def _tempered_siblings(original):
-    def faulty(q, first, k, generator):  # draws from softmax(0.3 log q), the sampler still believes q
-        return original(torch.softmax(0.3 * torch.log(q), dim=-1), first, k, generator)
+    def faulty(self, q, first, k, positions):  # draws from softmax(0.3 log q), the sampler still believes q
+        return original(self, torch.softmax(0.3 * torch.log(q), dim=-1), first, k, positions)
     return faulty
 
 
 def _top_k_siblings(original):
-    def faulty(q, first, k, generator):  # the K-1 most likely tokens of q after the first, deterministically
+    def faulty(self, q, first, k, positions):  # the K-1 most likely tokens of q after the first, deterministically
+        cands, valid = original(self, q, first, k, positions)
         if k <= 1:
-            return first.unsqueeze(-1)
+            return cands, valid
         logq = torch.log(q).clone()
         logq.scatter_(-1, first.unsqueeze(-1), float("-inf"))
-        return torch.cat([first.unsqueeze(-1), torch.topk(logq, k - 1, dim=-1).indices], -1)
+        return torch.cat([first.unsqueeze(-1), torch.topk(logq, k - 1, dim=-1).indices], -1), valid
     return faulty
 
 
@@ -727,10 +730,95 @@ def _q_keeps_rejected_mass(original):
     return faulty
 
 
+def _beside_draft_not_left_out(original):
+    def faulty(self, law, first, k, positions):
+        # The others a draw without replacement from the whole law: one may repeat the draft,
+        # while verification takes them for a draw from the law with the draft left out.
+        from sjd_pac_core.sampling.verify import beside_validity
+
+        if k <= 1:
+            return original(self, law, first, k, positions)
+        u = torch.rand(law.shape, generator=self.generator, device=law.device, dtype=torch.float64)
+        keys = torch.log(law).double() - torch.log(-torch.log(u.clamp(min=1e-300)))
+        others = torch.topk(keys, k - 1, dim=-1).indices
+        return torch.cat([first.unsqueeze(-1), others], -1), beside_validity(law, first, k)
+    return faulty
+
+
+def _beside_with_replacement(original):
+    def faulty(self, law, first, k, positions):
+        # The others drawn one by one from the law without the draft, each with replacement.
+        from sjd_pac_core.sampling.verify import beside_validity
+
+        if k <= 1:
+            return original(self, law, first, k, positions)
+        rest = law.scatter(-1, first.unsqueeze(-1), 0.0)
+        others = torch.multinomial(rest.reshape(-1, rest.shape[-1]), k - 1, replacement=True, generator=self.generator)
+        return torch.cat([first.unsqueeze(-1), others.view(*law.shape[:-1], k - 1)], -1), beside_validity(law, first, k)
+    return faulty
+
+
+def _unseen_rows_verified_against_law(original):
+    def faulty(ctx, laws, window, start, cands, valid):
+        # Every row's candidates verified against the law, also a row whose neighbours the law has
+        # never seen (it keeps the candidates it drew from its own q).
+        out_cands, out_valid, beside = original(ctx, laws, window, start, cands, valid)
+        if beside is None:
+            return out_cands, out_valid, beside
+        positions = ctx.positions[start : start + cands.shape[0]]
+        law, _ = laws.window_law(start, window.tokens, ctx.committed, ctx.constraints.mask(positions))
+        return out_cands, out_valid, law.to(beside.dtype)
+    return faulty
+
+
+def _own_row_first_from_next_token(original):
+    def faulty(self, position):
+        # An own row's first draft taken from the token the last pass would commit after the
+        # node (a residual draw where a child was accepted) instead of its verdict's draw there.
+        past = original(self, position)
+        if past is None:
+            return past
+        return dataclasses.replace(past, draft_token=self.last.verdict.next_token)
+    return faulty
+
+
+def _law_unnormalised(original):
+    def faulty(self, start, drafts, committed, allowed):
+        # The law's weights left unnormalised (its largest entry 1), as the product of experts
+        # computes them before the division.
+        q, seen = original(self, start, drafts, committed, allowed)
+        return q / q.max(-1, keepdim=True).values.clamp(min=1e-30), seen
+    return faulty
+
+
+def _mixture_unnormalised(original):
+    def faulty(p_behind, mass):
+        # The rejected candidates' p's summed by their mass, not divided by the total mass.
+        mixture = original(p_behind, mass)
+        total = mass.sum()
+        return torch.where(total > 0, mixture * total, mixture)
+    return faulty
+
+
+def _side_candidates_other_noise(original):
+    def faulty(probs, noise, k):
+        # The draft (the top token under the position's noise) kept first, the others ranked by
+        # another seed's noise (the position's noise rolled along the vocabulary): still exact
+        # under the Gumbel rule, but the candidates are no longer the tokens its target favours.
+        from sjd_pac_core.sampling.drafting import draft_and_ranked
+
+        first = original(probs, noise, 1)[..., 0]
+        ranked = original(probs, noise.roll(1, dims=-1), min(k + 1, probs.shape[-1]))
+        return draft_and_ranked(first, ranked, torch.ones_like(ranked, dtype=torch.bool), k)[0]
+    return faulty
+
+
 FAULTS = {
     # name: (module, attribute ("Class.method" for a method), wrapper(original) -> faulty)
-    "pd_tempered_siblings": ("sjd_pac_core.sampling.rules", "sample_without_replacement_rows", _tempered_siblings),
-    "pd_topk_siblings": ("sjd_pac_core.sampling.rules", "sample_without_replacement_rows", _top_k_siblings),
+    # Each fault has its own seam: the one function the bug lives in, called by the path it breaks
+    # and by no other, so that a change elsewhere can neither hide the fault nor weaken its control.
+    "pd_tempered_siblings": ("sjd_pac_core.sampling.rules", "RejectionRule.candidates", _tempered_siblings),
+    "pd_topk_siblings": ("sjd_pac_core.sampling.rules", "RejectionRule.candidates", _top_k_siblings),
     "cfg_positions_ignore_padding": ("sjd_pac_core.sampling.tree", "tree_position_ids", _positions_ignore_padding),
     "padding_columns_unmasked": ("sjd_pac_core.sampling.tree", "tree_attention_mask", _padding_unmasked),
     "auto_window_always_1": ("sjd_pac_core.engine.window", "AutoWindow.next_window", _always_window_1),
@@ -744,6 +832,17 @@ FAULTS = {
     "chain_sibling_repeats_draft": ("sjd_pac_core.sampling.rules", "RejectionRule.chain_candidates",
                                     _chain_sibling_repeats_draft),
     "q_keeps_rejected_mass": ("sjd_pac_core.sampling.verify", "recursive_rejection_rows", _q_keeps_rejected_mass),
+    "beside_draft_not_left_out": ("sjd_pac_core.sampling.rules", "RejectionRule.candidates_beside",
+                                  _beside_draft_not_left_out),
+    "beside_with_replacement": ("sjd_pac_core.sampling.rules", "RejectionRule.candidates_beside",
+                                _beside_with_replacement),
+    "unseen_rows_verified_against_law": ("sjd_pac_core.engine.drafters", "Drafter.candidates_from_law",
+                                         _unseen_rows_verified_against_law),
+    "own_row_first_from_next_token": ("sjd_pac_core.engine.drafters", "BudgetDrafter.past_nodes",
+                                      _own_row_first_from_next_token),
+    "law_unnormalised": ("sjd_pac_core.engine.neighbour_laws", "NeighbourLaws.window_law", _law_unnormalised),
+    "mixture_unnormalised": ("sjd_pac_core.sampling.drafting", "rejected_mixture", _mixture_unnormalised),
+    "side_candidates_other_noise": ("sjd_pac_core.sampling.rules", "gumbel_top_k", _side_candidates_other_noise),
 }
 
 
@@ -755,6 +854,32 @@ class FaultCalls:
 
     def __init__(self) -> None:
         self.count = 0
+
+
+@contextlib.contextmanager
+def planted_edit(owner, attribute: str, old: str, new: str) -> Iterator[FaultCalls]:
+    """Plant a bug by editing the source of one function or method (`owner.attribute`, its own
+    seam) inside the block: its one occurrence of `old` becomes `new`. Yields a call counter. A
+    seam whose source no longer holds `old` fails at once, naming the edit to re-target."""
+    original = inspect.getattr_static(owner, attribute)
+    function = original.__func__ if isinstance(original, staticmethod) else original
+    source = textwrap.dedent(inspect.getsource(function))
+    if source.count(old) != 1:
+        raise AssertionError(f"planted edit of {attribute}: {old!r} is not in its source once; re-target the edit")
+    namespace = dict(function.__globals__)
+    flags = __future__.annotations.compiler_flag  # annotations stay text, as in the product's modules
+    exec(compile(source.replace(old, new), inspect.getsourcefile(function), "exec", flags, dont_inherit=True), namespace)
+    faulty = namespace[function.__name__]
+    calls = FaultCalls()
+
+    @functools.wraps(function)
+    def counted(*args, **kwargs):
+        calls.count += 1
+        return faulty(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(owner, attribute, staticmethod(counted) if isinstance(original, staticmethod) else counted)
+        yield calls
 
 
 @contextlib.contextmanager

@@ -46,7 +46,7 @@ def markov_control(name: str, fault: str, pilot: int) -> str:
     case = ex.MARKOV_CASES[name]
     chain = ex.MARKOV_MODELS[case.model]()
     laws = chain.pair_laws(case.config)
-    with tools.planted_fault(fault):
+    with ex.neighbour_law(case.law), tools.planted_fault(fault):
         tokens = tools.draw_sequences(chain.model(), ex.CHAIN_PROMPT, chain.num_tokens, case.config, pilot,
                                       seed0=PILOT_SEED)
     p_value, worst = tools.pair_laws_pvalue(tokens, laws)

@@ -226,6 +226,25 @@ def test_batch_writes_pngs_lines_and_summary(tmp_path, capsys, monkeypatch):
         assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path
 
 
+def test_summary_pairs_each_job_with_ar_of_its_own_prompt_and_recipe(tmp_path):
+    """Two prompts and two recipes (CFG 2 and 3) for one seed: eight jobs whose four AR jobs all
+    differ. Each method's job is paired with AR's of the same prompt, seed and recipe (under
+    gumbel it returns exactly those tokens), so the summary says 4 of 4; pairing by the seed
+    alone, or by the prompt without the recipe, would say 1 or 2 of 4."""
+    source = write(tmp_path / "p.jsonl", "\n".join(
+        json.dumps({"prompt": prompt, "seed": 0, "cfg_scale": cfg}) for cfg in (2.0, 3.0) for prompt in PROMPTS[:2]))
+    out = tmp_path / "out"
+    assert main(["batch", str(source), "--out", str(out), "--methods", "ar,sjd-pac@32", "--quiet"]) == 0
+    lines = results(out)
+    assert len(lines) == 8
+    ar = {(line["prompt"], line["settings"]["cfg_scale"]): line["token_digest"] for line in lines if line["method"] == "ar"}
+    assert len(set(ar.values())) == 4, "the four AR jobs must draw four different pictures"
+    for line in lines:
+        assert line["token_digest"] == ar[(line["prompt"], line["settings"]["cfg_scale"])]
+    summary = (out / "summary.md").read_text()
+    assert "sjd-pac@32 (verify gumbel): 4 of 4 jobs returned AR's tokens" in summary, summary
+
+
 @pytest.mark.slow
 def test_ctrl_c_then_rerun_redoes_nothing_finished(tmp_path):
     """A real SIGINT to a running `sjd-pac batch`; the rerun adds only the missing jobs."""

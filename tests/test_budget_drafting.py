@@ -9,6 +9,7 @@ one of the ways a budget drafter could and must fail the same test.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 
@@ -41,9 +42,11 @@ from sjd_pac_core.engine import budget as bd
 from sjd_pac_core.engine import draft as draft_module
 from sjd_pac_core.engine import drafters
 from sjd_pac_core.engine import mixture as mixture_module
-from sjd_pac_core.engine.neighbour_laws import TopRows
+from sjd_pac_core.engine.draft import DraftWindow
+from sjd_pac_core.engine.neighbour_laws import NeighbourLaws, TopRows
 from sjd_pac_core.models import memory
 from sjd_pac_core.sampling import rules
+from sjd_pac_core.sampling.constraint_table import ConstraintTable
 from sjd_pac_core.sampling.recipe import SamplingRecipe, TokenConstraints, process
 from sjd_pac_core.sampling.tree import TreeShape
 
@@ -115,7 +118,7 @@ def _path_chance(win, classes, path):
     return out
 
 
-def test_best_tree_is_the_best_tree_when_only_acceptance_counts():
+def test_greedy_tree_is_the_best_tree_when_only_acceptance_counts():
     """With no leaf and no refresh value, the greedy maximises the expected accepted drafts over
     every valid tree (brute force, 3 positions, 2 slots): the win probabilities fall with the
     slot, so the best B nodes are the B largest path chances."""
@@ -163,7 +166,7 @@ def test_a_weak_second_candidate_does_not_block_strong_ones_behind_it():
     assert (2,) in bd.greedy_tree(win, classes, 4, max_width=3, chain_value=0.0, refresh_value=0.0).paths
 
 
-def test_best_tree_is_valid_and_every_prefix_is_a_tree():
+def test_greedy_tree_is_valid_and_every_prefix_is_a_tree():
     rng = np.random.default_rng(0)
     table = bd.AcceptanceTable()
     for _ in range(300):
@@ -257,6 +260,32 @@ def test_ranked_tree_adds_nodes_in_the_greedys_order():
         assert set(ranked.paths[:half]) == set(greedy.paths[:half])
         compared += 1
     assert compared >= 10
+
+
+@pytest.mark.timeout(60)  # a loop that never ends fails here by name, long before the suite's limit
+def test_greedy_tree_ends_at_every_budget_up_to_past_the_nodes_there_are():
+    """Three positions of two slots hold 14 nodes: every budget from 1 to one past that gives a
+    tree of min(budget, 14) nodes, valid at every prefix (and the main chain's floor one past
+    the window, too)."""
+    win = np.zeros((bd.CLASSES, 2))
+    win[:, 0], win[:, 1] = 0.6, 0.3
+    classes = (1, 2, 3)
+    for budget in range(1, 16):
+        for min_chain in (0, 4):
+            tree = bd.greedy_tree(win, classes, budget, max_width=2, leaf_value=0.5, min_chain=min_chain)
+            assert len(tree.paths) == min(budget, 14), (budget, min_chain)
+            TreeShape(tree.paths).check()
+
+
+def test_a_budget_tree_larger_than_its_pass_is_an_internal_error(monkeypatch):
+    """The pass is padded to its budget: a tree one node over it stops the run with a clear
+    error where the pass is drafted (not a shape error deep in the forward, nor a hang)."""
+    real_ranked_tree = drafters.ranked_tree
+    monkeypatch.setattr(drafters, "ranked_tree", lambda win, classes, budget, *args, **kwargs: real_ranked_tree(
+        win, classes, budget + 1, *args, **kwargs))
+    with pytest.raises(RuntimeError, match=r"internal error: the budget's tree has 17 nodes, more than the 16"):
+        sp.sample_tokens(seed_exact_lm(), SEED_PROMPT, 40, config=sp.SamplerConfig(node_budget=16, verify="gumbel"),
+                         seed=0)
 
 
 def test_fastest_budget_follows_the_cost_curve():
@@ -458,6 +487,7 @@ def test_the_fixed_tree_with_the_first_draft_blend_matches_the_markov_marginals(
     assert not drafters.make_drafter(MIXTURE_CASES["fixed_tree_cfg"]).mixture.off  # on by default
     used = _first_draft_weights(monkeypatch, *FIRST_DRAFT_WEIGHTS[weights])
     p_value, worst, _ = _markov_check(MIXTURE_CASES["fixed_tree_cfg"], 1500, row_length=3)
+    assert len(used) >= 300, f"only {len(used)} first drafts were redrawn from the blend"
     assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
     if weights == "chosen_by_the_run":  # the run's choice moved: weights chosen from past passes keep the law
         assert len(set(used)) >= 2 and any(law > 0 for _, law in used), set(used)
@@ -497,6 +527,69 @@ def test_planted_first_draft_from_the_blend_verified_as_the_old_q_is_caught(monk
     p_value, worst, _ = _markov_check(config, samples, seed0=10**6)
     assert calls
     assert p_value < P_VALUE_PLANTED_MAX, f"p = {p_value:.2e} at {worst}"
+
+
+def _verified_row_sums(monkeypatch) -> list:
+    """Records, for every pass the rejection rule verifies, how far the proposals its nodes' children
+    were drawn from (q, and the laws beside the drafts) are from summing to 1."""
+    original = rules.RejectionRule.verify
+    gaps: list = []
+
+    def recording(self, p, positions, children, q, beside=None):
+        used = children.q_rows.index_select(0, torch.cat([children.single, children.multi]))
+        rows = [q.index_select(0, used)] + ([] if beside is None else [beside.index_select(0, used)])
+        gaps.append(max((float((r.double().sum(-1) - 1.0).abs().max()) for r in rows if r.numel()), default=0.0))
+        return original(self, p, positions, children, q, beside)
+
+    monkeypatch.setattr(rules.RejectionRule, "verify", recording)
+    return gaps
+
+
+@pytest.mark.parametrize("fault", [None, "law_unnormalised", "mixture_unnormalised"])
+def test_every_proposal_a_pass_verifies_against_is_a_distribution(monkeypatch, fault):
+    """Verification reads q(x) as a probability: the first draft's blend (the rejected mixture and
+    the law at weight 1 and 0.5) and the laws beside the drafts must each sum to 1. An
+    unnormalised law or mixture, planted, breaks it in the first runs (the statistical cases
+    below need thousands of samples to see it)."""
+    _first_draft_weights(monkeypatch, 1.0, 0.5)
+    gaps = _verified_row_sums(monkeypatch)
+    with contextlib.ExitStack() as stack:
+        calls = stack.enter_context(planted_fault(fault)) if fault else None
+        _markov_check(MIXTURE_CASES["budget_48_cfg"], 60, row_length=3)
+    assert gaps, "no pass was verified by the rejection rule"
+    if fault is None:
+        assert max(gaps) < 1e-5, f"a proposal sums to 1 only within {max(gaps):.1e}"
+    else:
+        assert calls.count > 0 and max(gaps) > 0.01, f"planted {fault} went unnoticed: {max(gaps):.1e}"
+
+
+# The budget drafter's first draft behind a change drawn from one proposal alone (the rejected
+# mixture, or the law: weight 1), where a wrong q moves the marginals most: the statistical cases
+# of the blend and the law, each with the planted fault of an unnormalised proposal (verification
+# then reads q(x) off by the missing factor). From tests/planted_power.py's estimate (pilot runs of
+# 2,000 faulty sequences, seeds 10**7+): the mixture's fault needs 1,500 sequences for power 0.99
+# at p < 1e-3 (the case's check) and 2,400 for 0.999 at p < 1e-6 (the control), the law's 1,200
+# and 1,900. (On the fixed tree, or blending the mixture 1 and the law 0.5, 9,000-35,000.)
+PURE_BLEND_SAMPLES = 1500
+PURE_BLEND_CONTROLS = {"all_mixture": ("mixture_unnormalised", 2400), "all_law": ("law_unnormalised", 1900)}
+
+
+@pytest.mark.parametrize("weights", list(PURE_BLEND_CONTROLS))
+def test_the_budget_drafter_with_a_pure_first_draft_matches_the_markov_marginals(monkeypatch, weights):
+    used = _first_draft_weights(monkeypatch, *FIRST_DRAFT_WEIGHTS[weights])
+    p_value, worst, _ = _markov_check(MIXTURE_CASES["budget_48_cfg"], PURE_BLEND_SAMPLES, row_length=3)
+    assert len(used) >= 300, f"only {len(used)} first drafts were redrawn from the blend"
+    assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
+
+
+@pytest.mark.parametrize("weights", list(PURE_BLEND_CONTROLS))
+def test_planted_unnormalised_first_draft_proposals_are_caught(monkeypatch, weights):
+    fault, samples = PURE_BLEND_CONTROLS[weights]
+    _first_draft_weights(monkeypatch, *FIRST_DRAFT_WEIGHTS[weights])
+    with planted_fault(fault) as calls:
+        p_value, worst, _ = _markov_check(MIXTURE_CASES["budget_48_cfg"], samples, seed0=10**6, row_length=3)
+    assert calls.count > 0, f"the seam of {fault} never ran"
+    assert p_value < P_VALUE_PLANTED_MAX, f"planted {fault} went unnoticed: p = {p_value:.2e} at {worst}"
 
 
 # The candidates beside a draft come from the neighbour law (Drafter.candidates_from_law): under
@@ -550,13 +643,29 @@ def test_law_candidates_from_compact_rows_match_the_markov_marginals(monkeypatch
     assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
 
 
+def _law_verified_as_q(monkeypatch) -> list:
+    """Planted: every pass verifies its candidates as draws from q (Draft.beside_proposals, the
+    laws the other slots came from, dropped). Returns one entry per pass whose laws it dropped."""
+    real = draft_module.Draft.beside_proposals
+    dropped: list = []
+
+    def faulty(self):
+        if real.fget(self) is not None:
+            dropped.append(1)
+        return None
+
+    monkeypatch.setattr(draft_module.Draft, "beside_proposals", property(faulty))
+    return dropped
+
+
 def test_planted_compact_law_candidates_verified_as_draws_from_q_are_caught(monkeypatch):
     # 1500 samples: p = 1e-31 (the same run verified against the law: the test above)
     _compact_law_rows(monkeypatch)
     _law_candidate_rows(monkeypatch)
-    monkeypatch.setattr(draft_module.Draft, "beside_proposals", property(lambda self: None))
+    dropped = _law_verified_as_q(monkeypatch)
     p_value, _, _ = _markov_check(MIXTURE_CASES["budget_48_cfg"].with_(verify="rejection"), 1500, seed0=10**6,
                                   row_length=3)
+    assert dropped, "the planted fault never dropped a law"
     assert p_value < P_VALUE_PLANTED_MAX, f"compact-law candidates verified as draws from q went unnoticed: p = {p_value:.2e}"
 
 
@@ -564,10 +673,89 @@ def test_planted_compact_law_candidates_verified_as_draws_from_q_are_caught(monk
 def test_planted_law_candidates_verified_as_draws_from_q_are_caught(monkeypatch, name):
     # 1500 samples: P_VALUES_LAW_AS_Q
     changed = _law_candidate_rows(monkeypatch)
-    monkeypatch.setattr(draft_module.Draft, "beside_proposals", property(lambda self: None))
+    dropped = _law_verified_as_q(monkeypatch)
     p_value, worst, _ = _markov_check(MIXTURE_CASES[name], 1500, seed0=10**6, row_length=3)
-    assert any(changed)
+    assert any(changed) and dropped
     assert p_value < P_VALUE_PLANTED_MAX, f"law candidates verified as draws from q went unnoticed: p = {p_value:.2e}"
+
+
+def _law_context(vocab: int, num_tokens: int, committed) -> drafters.DraftContext:
+    """A drafting context of the rejection rule over `vocab` tokens, no grid."""
+    return drafters.DraftContext(
+        rule=rules.RejectionRule(torch.Generator().manual_seed(0)), recipe=SamplingRecipe(),
+        constraints=ConstraintTable(TokenConstraints(vocab, num_tokens), torch.device("cpu")), num_tokens=num_tokens,
+        init_proposal="nearest", positions=torch.arange(num_tokens + 4), committed=torch.tensor(committed))
+
+
+def test_rows_the_law_has_not_seen_keep_their_own_candidates_and_q():
+    """Drafter.candidates_from_law on hand-made values: the law has seen token 1 (to the left of
+    window row 0) and not token 3 (the draft left of row 1), so row 0 takes the law's candidates
+    and verifies them against the law, and row 1 keeps the draw from its own q, verified against
+    that q. The planted fault (row 1 verified against the law too) must change row 1's law."""
+    vocab = 5
+    laws = NeighbourLaws(vocab, 0, torch.device("cpu"))
+    laws.add(torch.tensor([1]), torch.tensor([1]), torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.4]]),
+             torch.tensor([0, 1, 0, 0, 0, 0]), 2)
+    ctx = _law_context(vocab, 6, [0, 1, 0, 0, 0, 0])
+    q = torch.tensor([[0.6, 0.1, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.1, 0.6]])
+    window = DraftWindow(torch.tensor([3, 4]), q)
+    cands, valid = torch.tensor([[3, 0, 2], [4, 0, 1]]), torch.ones(2, 3, dtype=torch.bool)
+
+    def rows():
+        return drafters.Drafter.candidates_from_law(ctx, laws, window, 2, cands, valid)
+
+    out, out_valid, beside = rows()
+    law, seen = laws.window_law(2, window.tokens, ctx.committed, torch.ones(2, vocab, dtype=torch.bool))
+    assert seen.tolist() == [True, False]
+    assert out[0, 0] == 3 and 3 not in out[0, 1:].tolist() and torch.equal(beside[0], law[0])
+    assert torch.equal(out[1], cands[1]) and torch.equal(out_valid[1], valid[1]) and torch.equal(beside[1], q[1])
+    with planted_fault("unseen_rows_verified_against_law") as calls:
+        _, _, faulty = rows()
+    assert calls.count > 0 and not torch.allclose(faulty[1], q[1])
+
+
+# Rows whose neighbours the law has never seen: at V = 12 with no grid, a third of the rows with
+# candidates (top-k 4: the drafts visit few tokens, and the law sees only the tokens the passes
+# fed). They keep the candidates drawn from their own q and must be verified against that q. The
+# planted fault verifies them against the law (uniform where it has seen nothing): 1,000
+# sequences gave p = 8e-14 and 4e-15 at seeds 10**6+ and 2 x 10**6+ (planted_power's estimate:
+# power 0.999 at p < 1e-6 from 1,200, and 0.99 at p < 1e-3 from 750, the case's own check).
+UNSEEN_CHAIN = dict(vocab=12, tokens=6, profile=(2.0, 1.0, 0.0, -1.0, -2.0, -3.0))
+UNSEEN_CONFIG = RejectionConfig(window=8, top_k=4)
+UNSEEN_SAMPLES, UNSEEN_PLANTED_SAMPLES = 800, 1200
+UNSEEN_SHARE_MIN = 0.2
+
+
+def _unseen_rows_check(samples: int, seed0: int = 0):
+    chain = MarkovChain.shifted(UNSEEN_CHAIN["vocab"], UNSEEN_CHAIN["tokens"], UNSEEN_CHAIN["profile"], seed=0)
+    tokens = draw_sequences(chain.model(), torch.tensor([0]), chain.num_tokens, UNSEEN_CONFIG, samples, seed0=seed0)
+    return pair_laws_pvalue(tokens, chain.pair_laws(UNSEEN_CONFIG))
+
+
+def test_law_candidates_with_many_unseen_rows_match_the_markov_marginals(monkeypatch):
+    original = drafters.Drafter.candidates_from_law
+    seen_rows: list = []
+
+    def recording(ctx, laws, window, start, cands, valid):
+        out = original(ctx, laws, window, start, cands, valid)
+        if out[2] is not None:
+            positions = ctx.positions[start : start + cands.shape[0]]
+            seen_rows.extend(laws.window_law(start, window.tokens, ctx.committed,
+                                             ctx.constraints.mask(positions))[1].tolist())
+        return out
+
+    monkeypatch.setattr(drafters.Drafter, "candidates_from_law", staticmethod(recording))
+    p_value, worst = _unseen_rows_check(UNSEEN_SAMPLES)
+    unseen = seen_rows.count(False) / max(1, len(seen_rows))
+    assert unseen >= UNSEEN_SHARE_MIN and seen_rows.count(True) > 0, f"unseen rows: {unseen:.0%} of {len(seen_rows)}"
+    assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
+
+
+def test_planted_unseen_rows_verified_against_the_law_are_caught():
+    with planted_fault("unseen_rows_verified_against_law") as calls:
+        p_value, worst = _unseen_rows_check(UNSEEN_PLANTED_SAMPLES, seed0=10**6)
+    assert calls.count > 0, "the seam of unseen_rows_verified_against_law never ran"
+    assert p_value < P_VALUE_PLANTED_MAX, f"unseen rows verified against the law went unnoticed: p = {p_value:.2e}"
 
 
 def test_budget_trees_behind_side_candidates_match_a_second_order_chain():

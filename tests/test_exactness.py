@@ -16,8 +16,9 @@ configurations with many candidates run on Markov-chain table models with larger
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Iterator, Tuple
 
 import pytest
 import torch
@@ -184,8 +185,10 @@ V3_CONTROLS = {
 @pytest.mark.parametrize("name", list(V3_CONTROLS))
 def test_negative_control_planted_bug_is_caught(tiny, monkeypatch, name):
     attribute, faulty, config, samples = V3_CONTROLS[name]
-    monkeypatch.setattr(rules, attribute, faulty)
+    calls = []
+    monkeypatch.setattr(rules, attribute, lambda *args, **kwargs: calls.append(1) or faulty(*args, **kwargs))
     p_value, tv, noise = _check(tiny, config, None, samples, seed0=10**6)
+    assert calls, f"the planted {attribute} never ran"
     assert p_value < P_VALUE_PLANTED_MAX, (
         f"planted bug {name} went unnoticed: p = {p_value:.2e}, tv {tv:.4f}, noise {noise:.4f}"
     )
@@ -230,9 +233,11 @@ class MarkovCase:
     controls: Tuple[Tuple[str, int], ...] = ()
     guards: Tuple[str, ...] = ()
     side_share_min: float = 0.2
-    # False: the run's neighbour law off, as on the 7B families' vocabularies (too large for its
-    # tables), so every candidate is a draw from q; with it, seen rows take the law's candidates
-    # and a fault in the draw from q shows only in the first passes.
+    # False: the run's neighbour law off (as for a vocabulary too large even for compact rows),
+    # so every candidate is a draw from q. With it, seen rows take the law's candidates and a
+    # fault in the draw from q shows only in the first passes, so every case whose faults live in
+    # that draw runs without it: its controls' power then depends on that draw alone (the law's
+    # draw has its own exact checks in test_sampling_math.py and its own controls).
     law: bool = True
 
 
@@ -250,20 +255,20 @@ MARKOV_CASES = {
     # One level over the whole vocabulary (the first level's 8, clamped to V = 6).
     "one_level_of_6": MarkovCase(
         RejectionConfig(method="sjd_pac", window=8, tree_depth=2), 1500,
-        controls=(("pd_tempered_siblings", 1900), ("pd_topk_siblings", 1200)),
+        controls=(("pd_tempered_siblings", 1900), ("pd_topk_siblings", 1200)), law=False,
     ),
     "first_level_6_then_3": MarkovCase(
-        RejectionConfig(method="sjd_pac", window=8, tree_width=3), 1500, guards=("pd_tempered_siblings",),
+        RejectionConfig(method="sjd_pac", window=8, tree_width=3), 1500, guards=("pd_tempered_siblings",), law=False,
     ),
     # The shipped tree (D = 3, first level 8, K = 4) under top-p and top-k: q's support is often
     # smaller than a level, so padding slots must never count as candidates.
     "defaults_top_p_0.7": MarkovCase(
         RejectionConfig(method="sjd_pac", window=8, top_p=0.7), 600, controls=(("all_slots_valid", 350),),
-        side_share_min=0.05,
+        side_share_min=0.05, law=False,
     ),
     "defaults_top_k_3": MarkovCase(
         RejectionConfig(method="sjd_pac", window=8, top_k=3), 600, controls=(("all_slots_valid", 350),),
-        side_share_min=0.05,
+        side_share_min=0.05, law=False,
     ),
     # The shipped tree at a low temperature: a first level (6) wider than K = 4, then a second
     # level; the redraw's new mode often sits past the proposal's K most likely tokens.
@@ -288,14 +293,22 @@ MARKOV_CASES = {
 MARKOV_CONTROLS = [(case, fault) for case, spec in MARKOV_CASES.items() for fault, _ in spec.controls]
 
 
+@contextlib.contextmanager
+def neighbour_law(on: bool) -> Iterator[None]:
+    """Inside the block, runs keep the neighbour law (on) or have none (off: neither dense nor
+    compact tables fit, as if the vocabulary were too large)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if not on:
+            patch.setattr(memory, "LAW_DENSE_MAX_BYTES", 0)
+            patch.setattr(memory, "LAW_COMPACT_MAX_BYTES", 0)
+        yield
+
+
 def markov_check(config: sp.SamplerConfig, samples: int, model: str = "ramp", seed0: int = 0, law: bool = True):
     """(Bonferroni p-value, worst pair, share of tree passes won by a side branch)."""
     chain = MARKOV_MODELS[model]()
     passes: list = []
-    with pytest.MonkeyPatch.context() as patch:
-        if not law:
-            patch.setattr(memory, "LAW_DENSE_MAX_BYTES", 0)  # neither dense nor compact tables: as if
-            patch.setattr(memory, "LAW_COMPACT_MAX_BYTES", 0)  # the vocabulary were too large
+    with neighbour_law(law):
         tokens = draw_sequences(chain.model(), CHAIN_PROMPT, chain.num_tokens, config, samples, seed0=seed0,
                                 passes=passes)
     p_value, worst = pair_laws_pvalue(tokens, chain.pair_laws(config))

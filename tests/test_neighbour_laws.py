@@ -104,6 +104,62 @@ def test_compact_rows_that_keep_every_entry_equal_dense_rows():
     assert torch.allclose(compact.read(everyone), dense.read(everyone), atol=1e-6)
 
 
+def _kept_sums_reference(vocab: int, kept: int, passes) -> tuple:
+    """What TopRows keeps, written out densely, one row at a time: a touched row's kept sums plus
+    each new p's `kept` largest entries, of which the row keeps its `kept` largest sums. Returns
+    (sums [V, V], entries dropped by the merges)."""
+    sums, dropped = torch.zeros(vocab, vocab, dtype=torch.float64), 0
+    for rows, p in passes:
+        merged = {}
+        for row, p_row in zip(rows.tolist(), p.double()):
+            top = p_row.topk(kept)
+            merged.setdefault(row, sums[row].clone())[top.indices] += top.values
+        for row, candidate in merged.items():
+            dropped += max(0, int((candidate > 0).sum()) - kept)
+            keep = candidate.topk(kept).indices
+            sums[row] = 0.0
+            sums[row, keep] = candidate[keep]
+    return sums, dropped
+
+
+def _merged_passes(seed: int = 0):
+    """Passes of 9 nodes over 8 tokens whose rows repeat (a pass's nodes repeat tokens), with
+    distinct random p's (no ties) that give no mass to a third of the tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(6):
+        rows = torch.randint(0, 4, (9,), generator=generator)  # four rows touched over and over
+        p = torch.rand(9, 8, generator=generator)
+        p[torch.rand(9, 8, generator=generator) < 0.3] = 0.0
+        out.append((rows, p))
+    return out
+
+
+def _top_rows_gap(passes, kept: int = 3) -> tuple:
+    """(the largest difference between TopRows and the reference, entries the merges dropped)."""
+    compact = TopRows(8, kept, torch.device("cpu"))
+    for rows, p in passes:
+        compact.add(rows, p)
+    reference, dropped = _kept_sums_reference(8, kept, passes)
+    return float((compact.read(torch.arange(8)).double() - reference).abs().max()), dropped
+
+
+def test_compact_rows_that_drop_entries_keep_each_rows_largest_sums():
+    """Rows that keep 3 of 8 entries, merged over passes that touch them many times: the kept
+    entries are exactly the reference's, and merges really dropped entries."""
+    gap, dropped = _top_rows_gap(_merged_passes())
+    assert dropped > 20, f"the merges dropped only {dropped} entries"
+    assert gap < 1e-5, f"kept sums differ from the reference by {gap:.2e}"
+
+
+def test_planted_control_a_merge_that_keeps_the_smallest_sums_is_caught():
+    from exactness_tools import planted_edit
+
+    with planted_edit(TopRows, "add", "descending=True", "descending=False") as calls:
+        gap, _ = _top_rows_gap(_merged_passes())
+    assert calls.count > 0 and gap > 0.1, f"a merge that keeps the smallest sums went unnoticed (gap {gap:.2e})"
+
+
 def test_compact_rows_keep_each_rows_largest_sums():
     rows = TopRows(5, 2, torch.device("cpu"))
     # row 3 gets two p's in one pass, row 1 one p: each p keeps its 2 largest entries, and each row
@@ -124,8 +180,10 @@ def test_planted_control_a_merge_that_drops_the_rows_old_entries_is_caught(monke
     # from nothing (its old sums lost), differs from the dense sums after a second pass.
     planted = TopRows(4, 4, torch.device("cpu"))
     real_add = TopRows.add
+    calls = []
 
     def forgetting_add(self, rows, p):
+        calls.append(1)
         self.sums.index_fill_(0, rows, 0.0)
         real_add(self, rows, p)
 
@@ -135,7 +193,7 @@ def test_planted_control_a_merge_that_drops_the_rows_old_entries_is_caught(monke
                     (torch.tensor([1]), torch.tensor([[0.0, 0.5, 0.5, 0.0]]))):
         planted.add(rows, p)
         dense.add(rows, p)
-    assert not torch.allclose(planted.read(torch.tensor([1])), dense.read(torch.tensor([1])))
+    assert calls and not torch.allclose(planted.read(torch.tensor([1])), dense.read(torch.tensor([1])))
 
 
 def test_the_families_image_codes_get_compact_rows_the_memory_plan_counts_and_a_huge_vocabulary_none(monkeypatch):

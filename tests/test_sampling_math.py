@@ -18,9 +18,9 @@ from sjd_pac_core.sampling.recipe import (
 )
 from scipy import stats as scipy_stats
 
-from exactness_tools import planted_fault
+from exactness_tools import compare, planted_fault
 from sjd_pac_core.sampling.drafting import draft_and_ranked
-from sjd_pac_core.sampling import verify
+from sjd_pac_core.sampling import rules, verify
 from sjd_pac_core.sampling.tree import build_tree_layout, tree_attention_mask, tree_position_ids
 from sjd_pac_core.sampling.verify import (
     accept_probability,
@@ -34,6 +34,7 @@ from sjd_pac_core.sampling.verify import (
     speculative_accept,
 )
 
+P_VALUE_MIN = 1e-3
 P = torch.tensor([0.5, 0.3, 0.2, 0.0])
 Q = torch.tensor([0.2, 0.5, 0.1, 0.2])
 
@@ -118,18 +119,22 @@ def _level_output(p: torch.Tensor, q: torch.Tensor, k: int, valid_override=None)
     return _first_accepted_law(prob, cands, accept, final)
 
 
-def _first_accepted_law(prob: torch.Tensor, cands: torch.Tensor, accept: torch.Tensor,
-                        final: torch.Tensor) -> torch.Tensor:
-    """The output law over every way of filling a level (way i with probability prob[i]): the
-    first accepted candidate in slot order wins, else a draw from the final residual."""
+def _first_accepted_rows(cands: torch.Tensor, accept: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+    """[R, V]: the output law of each way of filling a level: the first accepted candidate in
+    slot order wins, else a draw from the final residual."""
     accept, final = accept.double(), final.double()
     out = torch.zeros(cands.shape[0], final.shape[-1], dtype=torch.float64)
     reach = torch.ones(cands.shape[0], dtype=torch.float64)
     for j in range(cands.shape[1]):
         out.scatter_add_(1, cands[:, j : j + 1], (reach * accept[:, j]).unsqueeze(1))
         reach = reach * (1 - accept[:, j])
-    out += reach.unsqueeze(1) * final
-    return (prob.unsqueeze(1) * out).sum(0)
+    return out + reach.unsqueeze(1) * final
+
+
+def _first_accepted_law(prob: torch.Tensor, cands: torch.Tensor, accept: torch.Tensor,
+                        final: torch.Tensor) -> torch.Tensor:
+    """The output law over every way of filling a level (way i with probability prob[i])."""
+    return (prob.unsqueeze(1) * _first_accepted_rows(cands, accept, final)).sum(0)
 
 
 def _worst_level_error(**kwargs) -> float:
@@ -151,9 +156,11 @@ def test_recursive_rejection_rows_controls():
     with planted_fault("q_keeps_rejected_mass") as calls:
         assert _worst_level_error() > 0.05
     assert calls.count > 0
+    residual_calls = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(verify, "residual", lambda p, q: p)
+        patch.setattr(verify, "residual", lambda p, q: residual_calls.append(1) or p)
         assert _worst_level_error() > 0.05
+    assert residual_calls
 
 
 def test_recursive_rejection_rows_by_hand():
@@ -183,11 +190,10 @@ BESIDE_LEVELS = [
 ]
 
 
-def _beside_output(p: torch.Tensor, q: torch.Tensor, law: torch.Tensor, k: int, pass_law: bool = True) -> torch.Tensor:
-    """Exact output law of one level whose slot 0 is drawn from q and whose other slots are one
-    draw without replacement from `law` with slot 0's token left out (padding past the law's
-    support), verified in ONE call of recursive_rejection_rows with `beside` = law (or, the
-    planted fault, without it)."""
+def _beside_rows(q: torch.Tensor, law: torch.Tensor, k: int):
+    """Every way the sampler can fill one level whose slot 0 is drawn from q and whose other
+    slots are one draw without replacement from `law` with slot 0's token left out (padding
+    past the law's support): (candidates long [R, k], valid bool [R, k], probability [R])."""
     rows, probs = [], []
     for first in range(q.shape[0]):
         if q[first] <= 0:
@@ -200,10 +206,22 @@ def _beside_output(p: torch.Tensor, q: torch.Tensor, law: torch.Tensor, k: int, 
             rows.append([first, *tup] + [outside[i % len(outside)] for i in range(k - 1 - real)])
             probs.append(float(q[first]) * prob)
     cands = torch.tensor(rows)
-    valid = verify.beside_validity(law.expand(len(rows), -1), cands[:, 0], k)
-    accept, final = verify.recursive_rejection_rows(p.expand(len(rows), -1), q.expand(len(rows), -1), cands, valid,
-                                                    law.expand(len(rows), -1) if pass_law else None)
-    return _first_accepted_law(torch.tensor(probs, dtype=torch.float64), cands, accept, final)
+    return cands, verify.beside_validity(law.expand(len(rows), -1), cands[:, 0], k), torch.tensor(probs, dtype=torch.float64)
+
+
+def _beside_verified(p: torch.Tensor, q: torch.Tensor, law: torch.Tensor, cands: torch.Tensor, valid: torch.Tensor,
+                     prob: torch.Tensor, pass_law: bool = True) -> torch.Tensor:
+    """The output law of a level filled in the ways `cands` with probabilities `prob`, verified in
+    ONE call of recursive_rejection_rows with `beside` = law (or, the planted fault, without it)."""
+    rows = cands.shape[0]
+    accept, final = verify.recursive_rejection_rows(p.expand(rows, -1), q.expand(rows, -1), cands, valid,
+                                                    law.expand(rows, -1) if pass_law else None)
+    return _first_accepted_law(prob, cands, accept, final)
+
+
+def _beside_output(p: torch.Tensor, q: torch.Tensor, law: torch.Tensor, k: int, pass_law: bool = True) -> torch.Tensor:
+    """Exact output law of one level: every way of filling it (`_beside_rows`), verified."""
+    return _beside_verified(p, q, law, *_beside_rows(q, law, k), pass_law=pass_law)
 
 
 def test_recursive_rejection_rows_is_exact_with_candidates_from_another_law():
@@ -218,6 +236,72 @@ def test_recursive_rejection_rows_control_candidates_from_another_law_verified_a
     worst = max(float((_beside_output(p, q, law, k, pass_law=False) - p.double()).abs().max())
                 for p, q, law, k in BESIDE_LEVELS)
     assert worst > 0.05
+
+
+# The rule's own draw of the candidates beside a draft (RejectionRule.candidates_beside), held
+# to the enumeration above: every row it draws must be one the enumeration gives a chance (so a
+# draw that may repeat the draft, or repeat a token, fails at once), the rows of each draft must
+# follow the enumeration's probabilities, and the drawn rows verified by recursive_rejection_rows
+# with the law must give p. Draws per level and draft, in one vectorised call each.
+BESIDE_DRAWS = 3000
+BESIDE_GAP_MAX = 5.0  # standard errors (25 token-level comparisons)
+
+
+def _row_codes(cands: torch.Tensor, valid: torch.Tensor, vocab: int) -> torch.Tensor:
+    """long [R]: one number per row for its real slots in order (padding slots read as `vocab`)."""
+    digits = torch.where(valid, cands, torch.full_like(cands, vocab))
+    return (digits * (vocab + 1) ** torch.arange(cands.shape[1])).sum(-1)
+
+
+def _beside_draw_check(seed: int):
+    """(drawn rows the enumeration gives no chance, the smallest chi-square p-value of one
+    draft's rows against the enumeration (Bonferroni over every level and draft), the largest
+    gap between the drawn rows' verified output law and p, in standard errors)."""
+    rule = rules.RejectionRule(torch.Generator().manual_seed(seed))
+    impossible, p_value, gap, tests = 0, 1.0, 0.0, 0
+    for p, q, law, k in BESIDE_LEVELS:
+        vocab = q.shape[0]
+        exact_cands, exact_valid, exact_prob = _beside_rows(q, law, k)
+        exact_codes = _row_codes(exact_cands, exact_valid, vocab)
+        estimate, variance = torch.zeros(vocab, dtype=torch.float64), torch.zeros(vocab, dtype=torch.float64)
+        for first in exact_cands[:, 0].unique():
+            n, share = BESIDE_DRAWS, float(q[first])
+            cands, valid = rule.candidates_beside(law.expand(n, -1), first.expand(n), k, torch.zeros(n, dtype=torch.long))
+            codes = _row_codes(cands, valid, vocab)
+            known = torch.isin(codes, exact_codes) & (cands[:, 0] == first)
+            impossible += int((~known).sum())
+            if not bool(known.all()):
+                continue
+            mine = exact_cands[:, 0] == first
+            chance = dict(zip(exact_codes[mine].tolist(), (exact_prob[mine] / share).tolist()))
+            counts = dict(zip(*(t.tolist() for t in codes.unique(return_counts=True))))
+            p_value = min(p_value, compare(counts, chance)[0])
+            tests += 1
+            rows = cands.shape[0]
+            accept, final = verify.recursive_rejection_rows(p.expand(rows, -1), q.expand(rows, -1), cands, valid,
+                                                            law.expand(rows, -1))
+            out = _first_accepted_rows(cands, accept, final)
+            estimate += share * out.mean(0)
+            variance += share ** 2 * out.var(0) / n
+        error = (estimate - p.double()).abs()  # a token every drawn row gives the same chance: to rounding
+        gap = max(gap, float((error / variance.sqrt().clamp(min=1e-6)).max()))
+    return impossible, min(1.0, p_value * max(tests, 1)), gap
+
+
+def test_the_law_draw_of_the_rejection_rule_matches_the_enumeration():
+    impossible, p_value, gap = _beside_draw_check(seed=0)
+    assert impossible == 0, f"{impossible} drawn rows have no chance in the enumeration"
+    assert p_value > P_VALUE_MIN, f"the rows' counts: p = {p_value:.2e}"
+    assert gap < BESIDE_GAP_MAX, f"the drawn rows verified give p only to {gap:.1f} standard errors"
+
+
+@pytest.mark.parametrize("fault", ["beside_draft_not_left_out", "beside_with_replacement"])
+def test_planted_law_draws_fail_the_enumeration(fault):
+    """A draw whose later slots may repeat the draft, or repeat each other, is caught at once."""
+    with planted_fault(fault) as calls:
+        impossible, p_value, gap = _beside_draw_check(seed=1)
+    assert calls.count > 0, f"the seam of {fault} never ran; re-target it in exactness_tools.FAULTS"
+    assert impossible > 0, f"planted bug {fault} went unnoticed (counts p = {p_value:.2e}, gap {gap:.1f})"
 
 
 def test_beside_validity_counts_the_laws_tokens_other_than_the_draft():

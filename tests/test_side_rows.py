@@ -26,7 +26,9 @@ from exactness_tools import (
 )
 from sjd_pac_core.engine import budget as bd
 from sjd_pac_core.engine import drafters, side_rows
+from sjd_pac_core.engine.draft import Draft, DraftWindow, TreeDraft
 from sjd_pac_core.engine.loop import PassShape
+from sjd_pac_core.engine.verdict import Decisions, Verdict
 from sjd_pac_core.sampling.tree import TreeShape, tree_layout
 
 P_VALUE_MIN = 1e-3
@@ -77,6 +79,48 @@ def test_past_nodes_are_the_last_pass_nodes_at_the_position():
     assert side_rows.PastNodes.of(layout, [0] * 5, tokens, torch.zeros(5, 3), tokens, 10, 13, 2) is None
 
 
+def _last_pass() -> drafters.PassReport:
+    """A pass that started at image position 10, as the budget drafter keeps it (`BudgetDrafter.last`):
+    it fed token 3 then 1 on its main chain and token 5, 2, 6 behind a side candidate; its main
+    chain's draft 1 at position 11 was rejected (position 11 got the residual draw 4), so the next
+    window starts at 12. Node 5 (token 6, position 12) accepted its second child (token 9): its
+    verdict's draw there, the AC draft, is 9; the token its verdict would commit if the walk
+    ended there (`next_token`, a residual draw after its first child's rejection) is 4."""
+    shape = TreeShape(((0,), (1,), (0, 0), (1, 0), (1, 0, 0), (1, 0, 0, 0), (1, 0, 0, 1)))
+    node_tokens = torch.tensor([8, 3, 5, 1, 2, 6, 1, 9])
+    accepted = [0, -1, 0, -1, 0, 1, -1, -1]
+    next_token = torch.tensor([3, 4, 2, 0, 6, 4, 0, 0])
+    draft_token = torch.tensor([3, 4, 2, 0, 6, 9, 0, 0])  # the accepted child's token, else next_token
+    p = torch.eye(10)[:8]  # node u's p puts all mass on token u
+    verdict = Verdict(accepted_child=torch.tensor(accepted), next_token=next_token, draft_token=draft_token, p=p,
+                      positions=torch.tensor([10, 11, 11, 12, 12, 13, 14, 14]), non_finite_at=torch.tensor([-1]))
+    window = DraftWindow(torch.tensor([3, 1, 6, 6]), torch.full((4, 10), 0.1))
+    tree = TreeDraft(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool), shape)
+    return drafters.PassReport(start=10, num_committed=12, target=4, draft=Draft(window, tree), node_tokens=node_tokens,
+                               children=None, outcome=None, decisions=Decisions(accepted_child=accepted),
+                               verdict=verdict, proposal_logits=None, stale=None)
+
+
+def test_an_own_rows_first_draft_is_the_last_pass_ac_draft():
+    """Behind side candidate 6 at position 12, the own row's q is the p of the last pass's node
+    that held 6 there, and its first draft that node's AC draft (9, distributed as that p), not
+    the token the pass would have committed after it (4, a draw from a residual). The planted
+    fault takes the latter and must fail the same check."""
+    drafter = drafters.BudgetDrafter(True, 16, side_rows=True)
+    drafter.last = _last_pass()
+    fallback_q, fallback_tokens = torch.full((3, 10), 0.1), torch.tensor([7, 7, 7])
+
+    def own_row():
+        return side_rows.side_proposals(drafter.past_nodes(12), torch.tensor([7, 6]), [(1, 0)], fallback_q,
+                                        fallback_tokens)
+
+    q, first = own_row()
+    assert torch.equal(q[0], torch.eye(10)[5]) and first.tolist() == [9]
+    with planted_fault("own_row_first_from_next_token") as calls:
+        _, faulty = own_row()
+    assert calls.count > 0 and faulty.tolist() == [4]
+
+
 def test_tree_shape_checks_its_own_rows():
     TreeShape(((0,), (1,), (1, 0)), own_rows=((1,),)).check()
     for bad in [((0,),), ((1,), (1,)), ((),)]:  # a leaf, twice, the root
@@ -107,7 +151,7 @@ def test_budget_tree_splits_position_rows_from_own_rows():
     assert tree.first(4) == bd.BudgetTree.of(paths[:4], [0.0] * 4, own_rows=True)
 
 
-def test_best_tree_values_own_rows_by_their_own_class():
+def test_greedy_tree_values_own_rows_by_their_own_class():
     win = bd.AcceptanceTable().win_probabilities()
     win[:] = 0.0
     win[:, 0] = 0.5
@@ -191,7 +235,14 @@ MV, MN = 6, 6
 RAMP = (2.0, 1.0, 0.0, -1.0, -2.0, -3.0)
 
 
-MARKOV_CONFIG = RejectionConfig(window=8, node_budget=48, cfg_scale=2.0)
+# Budget 96: own rows often reached, so a wrong first draft on one shows. An own row's first draft
+# taken from the token the last pass would commit after its node (a residual draw) instead of its
+# AC draft needs 2,400 sequences for power 0.99 at p < 1e-3 here (tests/planted_power.py's
+# estimate from 2,000 faulty sequences at seeds 10**7+) against 9,250 at budget 48 (where 4,000
+# gave p = 2e-4); at this case's 2,500 sequences and seeds, p = 6e-10 (correct: 0.10). The unit
+# test test_an_own_rows_first_draft_is_the_last_pass_ac_draft sees it at once.
+MARKOV_CONFIG = RejectionConfig(window=8, node_budget=96, cfg_scale=2.0)
+MARKOV_SAMPLES = 2500
 
 
 def _markov_check(samples: int, seed0: int = 0):
@@ -203,15 +254,16 @@ def _markov_check(samples: int, seed0: int = 0):
 
 
 def test_side_rows_match_the_exact_markov_marginals_with_cfg(side_row_drafters):
-    p_value, worst = _markov_check(1500)
+    p_value, worst = _markov_check(MARKOV_SAMPLES)
     assert own_row_positions(side_row_drafters) >= 300, "own rows were rarely reached"
     assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
 
 
 def test_planted_own_row_not_drawn_from_its_q_is_caught(side_row_drafters, monkeypatch):
-    # 1500 samples: p = 2e-128 and 1e-180 at seeds 10**6+ and 2 x 10**6+
+    # 600 samples: p = 2e-57 at seeds 10**6+ (at budget 48, 1500 samples gave 2e-128 and 1e-180 at
+    # seeds 10**6+ and 2 x 10**6+)
     calls = _uniform_rows_verified_as_their_q(monkeypatch)
-    p_value, worst = _markov_check(1500, seed0=10**6)
+    p_value, worst = _markov_check(600, seed0=10**6)
     assert calls
     assert p_value < P_VALUE_PLANTED_MAX, f"a row not drawn from its q went unnoticed: p = {p_value:.2e} at {worst}"
 

@@ -292,12 +292,21 @@ def greedy_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width:
     waiting: list = []  # side nodes past the main chain's end, until it gets there
     heap = [entry((0,), -1, 1.0, 1.0, budget)] if window and budget > 0 else []
     total = 0.0
+    revalued = 0  # entries valued again since the last node was chosen
     while heap and len(chosen) < budget and heap[0][0] < 0:  # about `budget` pops: a few hundred host steps
         _, path, parent_dev, parent_chance, parent_reach, chance, reach, run, _ = heapq.heappop(heap)
         free_now = budget - len(chosen)
         if run > free_now:  # its run no longer fits: valued again on the nodes still free
+            # Valued on the nodes still free, an entry fits, so each is valued again at most once
+            # between two choices; more re-valuations than entries means one never fits, and
+            # the loop would never end (a run counted one node over the free nodes, say).
+            revalued += 1
+            if revalued > len(heap) + 1:
+                raise RuntimeError(f"internal error in greedy_tree: node {path}'s run of {run} nodes never fits the "
+                                   f"{free_now} nodes left of a budget of {budget}")
             heapq.heappush(heap, entry(path, parent_dev, parent_chance, parent_reach, free_now))
             continue
+        revalued = 0
         pos, slot = len(path) - 1, path[-1]
         chosen.append(path)
         total += chance

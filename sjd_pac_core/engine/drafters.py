@@ -428,6 +428,9 @@ class BudgetDrafter(PACDrafter):
         if self.cost is not None:
             nodes = fastest_budget(tree.expected, self.pass_seconds) or self.budget
             tree = tree.first(nodes)
+        if len(tree.paths) > nodes:  # the pass is padded to `nodes`: a larger tree cannot be laid out
+            raise RuntimeError(f"internal error: the budget's tree has {len(tree.paths)} nodes, more than the "
+                               f"{nodes} of its pass")
         window = DraftWindow(window.tokens[: tree.window], window.q[: tree.window])
         self.classes = classes[: tree.window]
         levels = max((pos + 1 for pos, w in enumerate(tree.widths) if w > 1), default=0)

@@ -45,8 +45,9 @@ slots after it follow at once. Near the budget's end a run counts only the nodes
 Two ways to choose the tree from these gains: `ranked_tree` values every node of a fixed superset
 (the main chain, candidates beside it, short branches below them) in a few array operations and
 keeps the best; `greedy_tree` adds nodes one at a time from a heap and reaches any shape (own
-rows too), at a few hundred host steps per pass. The drafter uses the first; on the demo's
-held-out prompts it also commits more tokens per pass (docs/benchmark.md).
+rows too), at a few hundred host steps per pass. The drafter uses the first under the gumbel
+rule, where on the demo's held-out prompts it also commits more tokens per pass, and the second
+under rejection, where its deeper branches commit more (docs/benchmark.md).
 
 The counts come from passes already verified and the tree is chosen before its pass; the classes
 depend only on the committed tokens' passes (never on a draft's value), so no choice sees the
@@ -239,7 +240,7 @@ def greedy_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width:
                 refresh_decay: float = REFRESH_DECAY, min_chain: int = 0, own_rows: bool = False) -> BudgetTree:
     """The tree of at most `budget` nodes with the largest gain (the module docstring), the main
     chain's first `min_chain` nodes first, added node by node: any shape, own rows included.
-    The drafter uses `ranked_tree` (the same gains in array operations) where there are no own rows.
+    The drafter uses `ranked_tree` (the same gains in array operations) under the gumbel rule.
 
     win: [CLASSES, slots] win probabilities (AcceptanceTable.win_probabilities); classes: the
     class of each window position there is a draft for. A node joins only after its parent, its

@@ -344,6 +344,9 @@ class BudgetDrafter(PACDrafter):
     their children from proposals of their own, the p's the last pass computed behind that
     candidate's token (engine/side_rows.py), instead of the main chain's drafts.
 
+    `ranked`: the tree is chosen in array operations (budget.ranked_tree) rather than node by
+    node from a heap (budget.greedy_tree, which own rows always use).
+
     With `cost` (seconds of a pass of n nodes, the auto window's curve measured on this
     hardware), every pass also picks its budget, up to `budget`, among BUDGET_CHOICES: the one
     with the most expected tokens per second (`budget.fastest_budget`).
@@ -351,12 +354,13 @@ class BudgetDrafter(PACDrafter):
 
     def __init__(self, continuation: bool, budget: int, max_width: int = MAX_SLOTS, side_rows: bool = False,
                  mixture_weight: Optional[float] = None, law_weight: Optional[float] = None,
-                 law_candidates: bool = True) -> None:
+                 law_candidates: bool = True, ranked: bool = True) -> None:
         super().__init__(continuation, proactive=False, tree=TreeLevels(), mixture_weight=mixture_weight,
                          law_weight=law_weight, law_candidates=law_candidates)
         self.budget = budget
         self.max_width = max_width
         self.side_rows = side_rows
+        self.ranked = ranked and not side_rows  # own rows sit below side candidates: only the greedy reaches them
         self.last: Optional[PassReport] = None  # the pass before the draft being made (side rows come from it)
         self.table = AcceptanceTable(max_width)
         self.cost: Optional[Callable[[int], float]] = None
@@ -419,11 +423,11 @@ class BudgetDrafter(PACDrafter):
         vocab = int(window.q.shape[-1])
         win, width = self.table.win_probabilities(), min(self.max_width, vocab)
         min_chain = chain_floor(self.tokens_per_pass.mean, self.budget)
-        if self.side_rows:  # own rows sit below side candidates: only the node-by-node greedy reaches them
-            tree = greedy_tree(win, classes, self.budget, width, leaf_value=leaf_value, min_chain=min_chain,
-                               own_rows=True)
-        else:
+        if self.ranked:
             tree = ranked_tree(win, classes, self.budget, width, leaf_value=leaf_value, min_chain=min_chain)
+        else:
+            tree = greedy_tree(win, classes, self.budget, width, leaf_value=leaf_value, min_chain=min_chain,
+                               own_rows=self.side_rows)
         nodes = self.budget
         if self.cost is not None:
             nodes = fastest_budget(tree.expected, self.pass_seconds) or self.budget
@@ -465,7 +469,10 @@ class BudgetDrafter(PACDrafter):
 def make_drafter(config: SamplerConfig) -> Drafter:
     """The drafter a configuration asks for."""
     if config.node_budget is not None:
-        return BudgetDrafter(config.use_ac, config.pass_nodes)
+        # The ranked tree under gumbel, where it commits more per pass than the greedy within
+        # 32-128 nodes; under rejection its shallow branches commit less within 32 and 256 nodes
+        # (held-out counts, docs/benchmark.md), so that rule keeps the node-by-node greedy.
+        return BudgetDrafter(config.use_ac, config.pass_nodes, ranked=config.verify == "gumbel")
     if config.use_ac or config.use_pd:
         kind = EveryPassTreeDrafter if config.tree_every_pass else PACDrafter
         return kind(config.use_ac, config.use_pd, config.tree, config.window_size)

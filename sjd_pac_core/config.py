@@ -180,7 +180,8 @@ class SamplerConfig:
     node_budget: B, the nodes one pass may carry (its rows beyond the root; with CFG each node
         is two rows of the forward), None (the tree knobs above) or "auto". With a budget, every
         pass spends its B nodes where the acceptance measured so far in the run says they are
-        worth most: the main chain's length (at most `window`; "auto": at most B), the
+        worth most: the main chain's length (at most `window`; "auto": at most B, which the
+        CLI, nodes and app take when a budget is given without a window), the
         candidates at each position, and the branches behind them (engine/budget.py); the tree
         knobs are not used. "auto" also picks B every pass, up to 256, for the most tokens per
         second on this hardware (the forward cost measured as for window="auto"; eager only).
@@ -275,7 +276,8 @@ class SamplerConfig:
                 f"tree_chain_width must be an integer >= 1, got {self.tree_chain_width!r}; 1 drafts one "
                 "token per chain position (no siblings)."
             )
-        if self.tree_chain_width > 1 and self.window == "auto" and self.use_pd:
+        # A node budget's tree ignores the tree knobs: the auto window it defaults to is no conflict.
+        if self.tree_chain_width > 1 and self.window == "auto" and self.use_pd and self.node_budget is None:
             raise ConfigError(
                 f"tree_chain_width = {self.tree_chain_width} needs a fixed window (the auto window prices a "
                 "fixed tree); set window to a number such as 64, or tree_chain_width to 1."

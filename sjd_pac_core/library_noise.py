@@ -2,10 +2,11 @@
 
 transformers imports torchao whenever it is installed (the [quant] extra), on every model load,
 quantized or not. torchao's wheels then log one "Failed to load ... .so" line per kernel library
-built for another Python or GPU, and register their Enum types with torch's pytree, which logs a
-deprecation warning for each; bitsandbytes' CPU backend logs that an optional kernel could not be
-fetched. None of these is a failure (weight-only quantization runs without those kernels), yet
-they showed on every command, in the app and in ComfyUI's console, `--quiet` or not.
+built for another Python or GPU, register their Enum types with torch's pytree, which logs a
+deprecation warning for each, and say that triton (GPU kernels) is missing on a CPU-only torch;
+bitsandbytes' CPU backend logs that an optional kernel could not be fetched. None of these is a
+failure (weight-only quantization runs without those kernels), yet they showed on every command,
+in the app and in ComfyUI's console, `--quiet` or not.
 
 Each filter drops only its own message from its own logger: every other message of these
 libraries still shows. No library is imported here (logging only), so this costs nothing.
@@ -19,6 +20,7 @@ from typing import Tuple
 # (logger, fragments that must all be in the message's format string)
 KNOWN_NOISE: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("torchao", ("Failed to load ", ".so")),
+    ("torchao.kernel.intmm", ("Detected no triton",)),  # CPU-only torch has no triton; shown where logging is set up
     ("torch.utils._pytree", ("is an Enum subclass and is now natively supported",)),
     ("bitsandbytes.backends.cpu.ops", ("Failed to load CPU gemm_4bit_forward",)),
 )

@@ -25,6 +25,8 @@ REAL_NOISE = {
     "torch.utils._pytree": ("%s is an Enum subclass and is now natively supported by torch.compile as an opaque "
                             "value type. Calling register_constant() on Enum subclasses is deprecated and will be "
                             "an error in a future release.", ("<enum 'KernelPreference'>",)),
+    "torchao.kernel.intmm": ("Warning: Detected no triton, on systems without Triton certain kernels will not work",
+                             ()),
     "bitsandbytes.backends.cpu.ops": ("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make "
                                       "sure you already `pip install kernels`", ("no trust",)),
 }

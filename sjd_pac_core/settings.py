@@ -286,9 +286,11 @@ def seed_reproduces_picture(config: SamplerConfig) -> bool:
     verify="rejection" draws its coins in the order the passes ask for them, so the tokens depend
     on every pass's window; window="auto" chooses it from this device's measured speed, which
     differs from run to run; node_budget="auto" likewise sizes every pass from measured costs. Only
-    rejection with either reproduces the distribution of pictures, not the picture.
+    rejection with either reproduces the distribution of pictures, not the picture. Under a fixed
+    node budget window="auto" times nothing (the budget's tree chooses its chain from counts).
     """
-    return not (config.verify == "rejection" and (config.auto_window or config.node_budget == "auto"))
+    timed_window = config.auto_window and config.node_budget is None
+    return not (config.verify == "rejection" and (timed_window or config.node_budget == "auto"))
 
 
 def seed_note(config: SamplerConfig) -> Optional[str]:

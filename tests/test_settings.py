@@ -233,6 +233,22 @@ def test_every_front_end_gives_a_budget_the_auto_window():
     assert line_config(defaults, {"node_budget": 128, "window": 32}).window == 32
 
 
+def test_a_budget_alone_under_rejection_gives_its_picture_again(demo_model, monkeypatch):
+    """The auto window a fixed budget takes times nothing: two devices with opposite pass costs
+    (as tests/test_window.py plants them) draw the same tokens for a seed under rejection."""
+    from sjd_pac_core.engine import loop
+    from sjd_pac_core.engine.window import CostCurve
+    from sjd_pac_core.settings import seed_reproduces_picture
+
+    config = config_from_settings(demo_defaults(), verify="rejection", node_budget=64)
+    assert config.window == "auto" and seed_reproduces_picture(config)
+    prompt, tokens, probes = "a large orange circle top right on a blue background", [], []
+    for costs in (CostCurve((1, 128), (1.0, 1.0)), CostCurve((1, 128), (1.0, 128.0))):
+        monkeypatch.setattr(loop, "measure_cost_curve", lambda *a, _c=costs, **k: probes.append(1) or _c)
+        tokens.append(sp.generate_image(demo_model, prompt, config, seed=3).tokens)
+    assert torch.equal(tokens[0], tokens[1]) and not probes
+
+
 # --- generate_image's CPU threads: the CLI's choice, the caller's setting restored ----------------
 
 def test_generate_image_runs_with_the_clis_thread_choice_and_restores_the_callers(demo_model):
@@ -306,6 +322,8 @@ def test_window_one_claims_hold_on_the_demo_model(demo_model):
     (dict(verify="rejection", window="auto", method="ar"), True),  # AR has no window to choose
     (dict(verify="rejection", node_budget="auto"), False),  # the pass size follows the measured speed
     (dict(verify="rejection", node_budget=128), True),
+    (dict(verify="rejection", node_budget=128, window="auto"), True),  # what a budget alone gets: nothing timed
+    (dict(verify="rejection", node_budget="auto", window="auto"), False),
     (dict(verify="gumbel", node_budget="auto"), True),
 ])
 def test_what_a_seed_reproduces_is_said_in_the_run_record(fields, reproduces):

@@ -22,8 +22,8 @@ the budget drafter (`SamplerConfig(node_budget=B)`, main chain at most L = 64):
 The other variants have no mixture and no law (w = 0). Reports step compression (image tokens per
 forward pass, a count: valid on a loaded machine),
 the share of passes with a side win at the first position, how many of those candidates had
-children of their own, and how often the first own child won (docs/benchmark.md, "Drafting
-within a node budget").
+children of their own, and how often the first own child won (docs/benchmark_history.md,
+"Proposals behind a changed token").
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ q that the draft is drawn from, so verification stays exact under both rules:
           token.
 
 Step compression is counted (image tokens per forward pass), valid on a loaded machine. Not
-shipped: neither beat the plain budget drafter (docs/benchmark.md, "Drafting within a node
-budget"). A look-ahead row verified in the same pass is not tried: its q would come from the pass
+shipped: neither beat the plain budget drafter (docs/benchmark_history.md, "Proposals from
+the image's two dimensions"). A look-ahead row verified in the same pass is not tried: its q would come from the pass
 that verifies it, which exactness forbids; computed a pass ahead it is what a long main chain
 already gives new positions.
 """

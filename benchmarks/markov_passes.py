@@ -3,9 +3,9 @@
     python benchmarks/markov_passes.py                 # V = 6: 3 chains x 4000; V = 16: 2 chains x 3000
     python benchmarks/markov_passes.py --quick         # 400 sequences per chain
 
-The chains of docs/benchmark.md, "Against the authors' sampler": `MarkovChain.shifted` with the
-exactness tests' profile, N = 10 tokens, the recipe's defaults (no CFG, temperature 1); passes
-per sequence include the prefill (plain AR = 10). Rows: our sampler at the configuration of that
+The chains of docs/benchmark.md, "Against the authors' sampler, on a Markov chain, within a
+budget": `MarkovChain.shifted` with the exactness tests' profile, N = 10 tokens, the recipe's
+defaults (no CFG, temperature 1); passes per sequence include the prefill (plain AR = 10). Rows: our sampler at the configuration of that
 section (L = 16, D = 3, K = 3, first level 8) and the budget drafter at 16 nodes per pass (the
 authors' sampler feeds 16 window nodes) and at 40. Each row also reports the Bonferroni p-value
 of its adjacent pairs against the exact marginals (`pair_laws_pvalue`; exact: >= 0.01).

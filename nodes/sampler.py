@@ -120,7 +120,7 @@ KNOBS: Dict[str, Tuple[Any, dict]] = {
     }),
 }
 
-MODEL_INPUT = (AR_IMAGE_MODEL, {"tooltip": "The model from Load AR Image Model."})
+MODEL_INPUT = (AR_IMAGE_MODEL, {"tooltip": "The model from Load Emu3, Janus, Lumina (SJD-PAC)."})
 PROMPT_INPUT = ("STRING", {
     "multiline": True, "default": EXAMPLE_PROMPT,
     "tooltip": "What to draw. The demo model knows 33 words: colours, shapes (circle, square, triangle, "

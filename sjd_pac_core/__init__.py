@@ -11,6 +11,10 @@ Pure PyTorch + transformers; no ComfyUI or Gradio import anywhere in this packag
 import importlib
 from typing import Any, List
 
+from .library_noise import silence_known_noise
+
+silence_known_noise()  # before anything imports transformers (which imports torchao when installed)
+
 # Names are imported on first use (PEP 562), so that `import sjd_pac_core` -- and with it the
 # `sjd-pac` command's argument parsing and `--help` -- does not load torch and transformers.
 _EXPORTS = {

@@ -21,11 +21,12 @@ from typing import Iterator, List, Optional
 from . import arguments
 from .config import ConfigError
 from .files import FileSaveError, check_file_name, interrupts_deferred, keep
-from .demo import EXAMPLE_PROMPT
+from .demo import EXAMPLE_PROMPT, quantize_refusal
 from .images import MAX_UPSCALE, UPSCALE_FILTERS, png_bytes
 from .settings import SETTINGS, config_from_settings, flag, seed_value
 
 DEVICE_NAMES = "auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps"
+DTYPE_HELP = "weights' precision: auto (the default) is bf16 on GPUs that support it, else fp32"
 BENCH_COMMANDS = ("bench", "lossless")
 
 
@@ -94,15 +95,19 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     """The sampler's flags: each is its SamplerConfig field with dashes (settings.flag), and lands
     in `args` under the field's name."""
     g = p.add_argument_group("sampler (defaults: the model family's recommended settings)")
-    g.add_argument(flag("method"), choices=["ar", "sjd", "sjd_pac"], default="sjd_pac")
+    g.add_argument(flag("method"), choices=["ar", "sjd", "sjd_pac"], default="sjd_pac",
+                   help="ar: one token per forward pass; sjd: a window of drafts verified per pass; sjd_pac "
+                        "(default): sjd with Adaptive Continuation and Proactive Drafting (all three lossless)")
     g.add_argument(flag("window"), "-L", type=arguments.window, default=None,
-                   help="draft window L (1-1024), or 'auto' (chosen from measured costs and acceptance)")
+                   help="draft window L (1-1024), or 'auto' (chosen from measured costs and acceptance); "
+                        "default: the model's (demo 12, the others 64), or 'auto' with --node-budget")
     g.add_argument(flag("tree_depth"), "-D", type=int, default=None,
                    help="PD tree depth D (counts the root); the tree's cost grows as K^(D-1)")
     g.add_argument(flag("tree_width"), "-K", type=int, default=None, help="PD tree width K")
     g.add_argument(flag("tree_first_width"), type=int, default=None,
-                   help="candidates at the tree's first level (default 8; 0 = K at every level: "
-                        "-D 2 -K 4 --tree-first-width 0 is the fastest tree measured on a CPU)")
+                   help="candidates at the tree's first level (default: the model's - 8, or K at every "
+                        "level for the demo; 0 = K at every level: -D 2 -K 4 --tree-first-width 0 is the "
+                        "fastest tree measured on a CPU)")
     g.add_argument(flag("tree_side_chain"), type=int, default=None,
                    help="drafts hung off each one-deviation tree leaf (0 = off: fewer nodes per pass, "
                         "cheaper on a CPU)")
@@ -113,8 +118,8 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(flag("node_budget"), type=arguments.node_budget, default=None,
                    help="nodes per pass (rows beyond the root; x2 with CFG): the window and tree are then "
                         "chosen every pass from the acceptance measured in the run (replaces the tree "
-                        "flags; L caps the main chain); 'auto' also picks the budget from measured pass "
-                        "costs; 0 = off (the default)")
+                        "flags; a --window given caps the main chain, else it may reach the budget); "
+                        "'auto' also picks the budget from measured pass costs; 0 = off (the default)")
     g.add_argument(flag("adaptive_continuation"), action=argparse.BooleanOptionalAction, default=True,
                    help="Adaptive Continuation (sjd_pac; on by default)")
     g.add_argument(flag("proactive_drafting"), action=argparse.BooleanOptionalAction, default=True,
@@ -123,7 +128,9 @@ def _add_sampler_args(p: argparse.ArgumentParser) -> None:
                    help="gumbel (default) = seed-exact: every method gives AR's picture for a seed; "
                         "rejection = the paper's speculative rejection sampling (both exact in distribution)")
     g.add_argument(flag("cfg_scale"), type=float, default=None, help="classifier-free guidance scale (1 = off)")
-    g.add_argument(flag("temperature"), type=float, default=None)
+    g.add_argument(flag("temperature"), type=float, default=None,
+                   help="sampling temperature, above 0 (1 = the model's own distribution; default: the "
+                        "model's)")
     g.add_argument(flag("top_k"), type=int, default=None, help="0 = off")
     g.add_argument(flag("top_p"), type=float, default=None, help="1 = off")
     g.add_argument(flag("compile"), action="store_true",
@@ -141,6 +148,8 @@ def validate_generate_args(args: argparse.Namespace) -> None:
     if not args.prompt.strip():
         raise ArgumentError(f"The prompt is empty; say what to draw, e.g. \"{EXAMPLE_PROMPT}\".")
     check_demo_prompt(args.model, args.prompt)
+    if args.model == "demo" and args.quantize not in ("none", "auto"):
+        raise ArgumentError(quantize_refusal(f"--quantize {args.quantize}", "leave --quantize out"))
     _config_from_args(args)  # window, D/K budget, temperature, top-k/p, CFG (family defaults come later)
     seed_value(args.seed)  # -1 (random) or 0..2^64-1; generate_image draws a random one
     check_device(args.device)
@@ -229,7 +238,7 @@ def _generate(args) -> int:
             warnings.warn(pace.before)
         result = sp.generate_image(model, args.prompt, config=config, seed=args.seed,
                                    negative_prompt=args.negative_prompt, resolution=args.resolution,
-                                   callback=on_pass, batch_size=args.batch_size)
+                                   callback=on_pass, batch_size=args.batch_size, threads=None)  # set above
     bar.close()
     cpu_threads = threads_used if model.device.type == "cpu" else None
     files = []
@@ -262,19 +271,21 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate an image and print the sampler's statistics")
-    gen.add_argument("prompt")
+    gen.add_argument("prompt", help="what to draw (the demo model knows 33 words: colours, shapes, sizes, places)")
     gen.add_argument("-o", "--output", default="out.png", help="image file (.png, .jpg, .webp, ...)")
     gen.add_argument("--model", default="demo", help="'demo' or a local checkpoint folder")
-    gen.add_argument("--negative-prompt", default="")
+    gen.add_argument("--negative-prompt", default="",
+                     help="what to steer away from, through classifier-free guidance (default: none)")
     gen.add_argument("--resolution", default=None,
                      help="WxH, one of the sizes the model was trained for (default: its own; a wrong one lists them)")
     gen.add_argument("--seed", type=int, default=0, help="0 to 2^64-1; -1 picks a random one (printed)")
-    gen.add_argument("--batch-size", type=arguments.whole(1, 64), default=1)
-    gen.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    gen.add_argument("--batch-size", type=arguments.whole(1, 64), default=1,
+                     help="images to make (1-64), with seeds seed, seed+1, ...; files out_0.png, out_1.png, ...")
+    gen.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"], help=DTYPE_HELP)
     gen.add_argument("--device", default="auto", help=DEVICE_NAMES)
     gen.add_argument("--quantize", default="none", choices=["none", "int8", "4bit", "auto"],
-                     help="weight-only quantization of the decoder layers (auto: the most precise that fits; "
-                          'needs pip install "sjd-pac[quant]")')
+                     help="weight-only quantization of a real family's decoder layers, not the demo's (auto: "
+                          'the most precise that fits; needs pip install "sjd-pac[quant]")')
     gen.add_argument("--check-finite", action="store_true",
                      help="look for NaN or infinite values in every weight after loading (done anyway for models "
                      "of up to 2e9 parameters; larger ones take a while)")

@@ -39,7 +39,7 @@ MAX_AUTO_BUDGET = 256  # the largest budget node_budget="auto" picks (engine/bud
 # Pass sizes the auto window's cost probe runs (engine/window.py); the largest sizes the KV cache
 # along with the largest pass (engine/loop.py, models/memory.py).
 PROBE_SIZES: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
-DEFAULT_TREE_FIRST_WIDTH = 8  # SamplerConfig.tree_first_width's default (docs/benchmark.md, "Drafting")
+DEFAULT_TREE_FIRST_WIDTH = 8  # SamplerConfig.tree_first_width's default (docs/benchmark_history.md, "Drafting")
 # The sampling recipe runs in float32 (sampling/recipe.py). Temperature divides the logits and CFG
 # multiplies their differences, so each is a scale on the logits: kept to at most 1 / the smallest
 # normal float32 (8.5e37), a logit of a few units stays finite. A top_p below the smallest normal
@@ -166,7 +166,7 @@ class SamplerConfig:
         window (as the authors' sampler does), not only after a rejection (the paper's PD).
     tree_first_width: candidates at the tree's first level (None: K at every level). The
         defaults (every pass, 8 then K=4) gave the highest step compression on the demo model
-        (docs/benchmark.md, "Drafting: where passes lose tokens, and what helped").
+        (docs/benchmark_history.md, "Drafting: where passes lose tokens, and what helped").
     tree_side_chain: also hang the first this-many drafts of the continued chain off every tree
         leaf that leaves the main branch at exactly one level, so a pass won by such a side leaf
         runs on into the chain (0: the chain hangs off the main branch only, and a side-branch win
@@ -180,7 +180,8 @@ class SamplerConfig:
     node_budget: B, the nodes one pass may carry (its rows beyond the root; with CFG each node
         is two rows of the forward), None (the tree knobs above) or "auto". With a budget, every
         pass spends its B nodes where the acceptance measured so far in the run says they are
-        worth most: the main chain's length (at most `window`; "auto": at most B), the
+        worth most: the main chain's length (at most `window`; "auto": at most B, which the
+        CLI, nodes and app take when a budget is given without a window), the
         candidates at each position, and the branches behind them (engine/budget.py); the tree
         knobs are not used. "auto" also picks B every pass, up to 256, for the most tokens per
         second on this hardware (the forward cost measured as for window="auto"; eager only).
@@ -275,7 +276,8 @@ class SamplerConfig:
                 f"tree_chain_width must be an integer >= 1, got {self.tree_chain_width!r}; 1 drafts one "
                 "token per chain position (no siblings)."
             )
-        if self.tree_chain_width > 1 and self.window == "auto" and self.use_pd:
+        # A node budget's tree ignores the tree knobs: the auto window it defaults to is no conflict.
+        if self.tree_chain_width > 1 and self.window == "auto" and self.use_pd and self.node_budget is None:
             raise ConfigError(
                 f"tree_chain_width = {self.tree_chain_width} needs a fixed window (the auto window prices a "
                 "fixed tree); set window to a number such as 64, or tree_chain_width to 1."

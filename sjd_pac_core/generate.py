@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Union
 
 import torch
 from PIL import Image
@@ -15,6 +15,7 @@ from .engine.loop import Callback, sample_tokens
 from .engine.stats import RunStats
 from .models.image_model import ARImageModel, PromptEncoding
 from .sampling.seeds import image_seed, resolve_seed
+from .threads import check_threads, threads_for, torch_threads
 
 
 @dataclass
@@ -46,6 +47,7 @@ def generate_image(
     resolution: Optional[str] = None,
     callback: Optional[Callback] = None,
     batch_size: int = 1,
+    threads: Union[None, int, str] = "auto",
 ) -> ImageResult:
     """Generate `batch_size` images (seeds seed, seed+1, ...) for one prompt.
 
@@ -57,6 +59,10 @@ def generate_image(
     config: None takes the family's recommended settings (model.defaults).
     callback: called after every forward pass with a Progress (see sample_tokens); raise
         GenerationCancelled in it to stop.
+    threads: torch CPU threads for the run: "auto" (the default) takes the CLI's choice for the
+        model (threads.threads_for: one thread for a small model such as the demo on the CPU,
+        torch's setting otherwise), a number that many, None torch's setting as it is. The
+        caller's setting is restored when the call returns or raises.
     """
     if not isinstance(model, ARImageModel):
         raise ConfigError(
@@ -73,10 +79,17 @@ def generate_image(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
     seed = resolve_seed(seed)
+    count = threads_for(model) if check_threads(threads) == "auto" else threads
     config = config or model.defaults.sampler_config()
+    with torch_threads(count):
+        return _generate(model, prompt, config, seed, negative_prompt, resolution, callback, batch_size)
+
+
+def _generate(model: ARImageModel, prompt: str, config: SamplerConfig, seed: int, negative_prompt: str,
+              resolution: Optional[str], callback: Optional[Callback], batch_size: int) -> ImageResult:
     encoding = model.encode_prompt(prompt, negative_prompt, resolution)
     for message in encoding.warnings:
-        warnings.warn(message, stacklevel=2)
+        warnings.warn(message, stacklevel=3)
     tokens, all_stats = [], []
     for i in range(batch_size):  # images run one after another: each has its own accept lengths
         try:

@@ -52,8 +52,12 @@ def pass_nodes(config: SamplerConfig) -> int:
 
 def most_tokens_per_pass(config: SamplerConfig) -> int:
     """The most tokens one pass can commit: its accepted run along the main chain (L drafts at most;
-    a tree branch or side chain is never longer) and the one token sampled after it."""
-    return config.window_size + 1
+    a tree branch or side chain is never longer; a node budget's chain at most B, and at most L
+    where a window is given) and the one token sampled after it."""
+    chain = config.window_size
+    if config.node_budget is not None:
+        chain = min(chain or config.pass_nodes, config.pass_nodes)
+    return chain + 1
 
 
 def pass_ratio(cost: CostCurve, nodes: float) -> Optional[float]:
@@ -78,8 +82,10 @@ def _fix(config: SamplerConfig, auto: str, window: bool = True, budget_auto: str
 
 
 def _judged(config: SamplerConfig) -> bool:
-    # window="auto" picks L (and the tree) from the curve, as node_budget="auto" picks B
-    return config.method != "ar" and not config.auto_window and config.node_budget != "auto"
+    # window="auto" picks L (and the tree) from the curve, as node_budget="auto" picks B; under a
+    # fixed budget window="auto" (what a budget alone gets) times nothing: the budget is judged
+    timed_window = config.auto_window and config.node_budget is None
+    return config.method != "ar" and not timed_window and config.node_budget != "auto"
 
 
 def slower_than_ar(config: SamplerConfig, cost: CostCurve, device: str = "this device",

@@ -7,9 +7,11 @@ the node widgets, the app's fields; the CLI flag is the field with dashes, `flag
 its LABELS entry ("CFG scale").
 
 UI conventions handled here once: a value left empty (None or "") takes the loaded model's own
-default; top-k 0 and top-p 1 mean "off"; the window may be "auto"; whole numbers may arrive as
-floats (2.0) but a fraction (2.5) in a whole-number field is refused, never rounded. The seed's
-meaning is sampling/seeds.py's (-1 or empty: a random seed, drawn by generate_image).
+default; top-k 0 and top-p 1 mean "off"; the window may be "auto", and is "auto" when a node
+budget is set and no window is given (the budget then chooses the main chain, up to B); whole
+numbers may arrive as floats (2.0) but a fraction (2.5) in a whole-number field is refused, never
+rounded. The seed's meaning is sampling/seeds.py's (-1 or empty: a random seed, drawn by
+generate_image).
 """
 
 from __future__ import annotations
@@ -164,6 +166,10 @@ def config_from_settings(
                                                   "3 (1 = off, the default)")
     if not _empty(node_budget):
         values["node_budget"] = node_budget_value(node_budget)
+        if _empty(window) and values["node_budget"] is not None:
+            # A budget's tree chooses its main chain every pass, up to the window: a family's
+            # window (the demo's 12) would cap it below what the budget can carry.
+            values["window"] = "auto"
     if not _empty(cfg_scale):
         values["cfg_scale"] = real_number(cfg_scale, LABELS["cfg_scale"], "2 (1 = off)")
     if not _empty(temperature):
@@ -180,7 +186,10 @@ def config_from_settings(
         values["top_p"] = None if p >= 1.0 else p
     if not _empty(compile):
         values["compile"] = switch(compile, "compile")
-    if values.get("node_budget") is not None and not base.with_(**{**values, "node_budget": None}).use_pd:
+    # Whether there is a tree to spend the budget on, asked without the budget (and without the
+    # chain width, a fixed tree's knob whose checks depend on a fixed window).
+    if values.get("node_budget") is not None and not base.with_(
+            **{**values, "node_budget": None, "tree_chain_width": 1}).use_pd:
         # SamplerConfig's own message speaks of node_budget=None, which no UI can enter
         raise ConfigError("The node budget spends a pass's nodes on Proactive Drafting's tree; set the method to "
                           f"sjd_pac with Proactive Drafting on and {LABELS['tree_depth']} of 2 or more, or the node "
@@ -317,9 +326,11 @@ def seed_reproduces_picture(config: SamplerConfig) -> bool:
     verify="rejection" draws its coins in the order the passes ask for them, so the tokens depend
     on every pass's window; window="auto" chooses it from this device's measured speed, which
     differs from run to run; node_budget="auto" likewise sizes every pass from measured costs. Only
-    rejection with either reproduces the distribution of pictures, not the picture.
+    rejection with either reproduces the distribution of pictures, not the picture. Under a fixed
+    node budget window="auto" times nothing (the budget's tree chooses its chain from counts).
     """
-    return not (config.verify == "rejection" and (config.auto_window or config.node_budget == "auto"))
+    timed_window = config.auto_window and config.node_budget is None
+    return not (config.verify == "rejection" and (timed_window or config.node_budget == "auto"))
 
 
 def seed_note(config: SamplerConfig) -> Optional[str]:

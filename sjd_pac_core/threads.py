@@ -1,5 +1,5 @@
 """How many CPU threads a run should use, chosen from the model's size (one rule for the CLI,
-the app and the ComfyUI nodes).
+the app, the ComfyUI nodes and generate_image).
 
 A small model's forward pass is a few hundred tiny ops: splitting each over many threads costs
 more in synchronisation than it saves, and on a busy or small machine the threads wait for each
@@ -10,9 +10,11 @@ than with one thread, same image). Large models need every core. Only CPU runs a
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import torch
+
+from .config import ConfigError
 
 # Below this many parameters one thread is fastest on every CPU we measured (the demo has 1.7M).
 SMALL_MODEL_PARAMETERS = 30_000_000
@@ -37,6 +39,16 @@ def threads_for(model: object, device: Optional[torch.device] = None) -> Optiona
         return None
     parameters = count_parameters(model)
     return 1 if 0 < parameters < SMALL_MODEL_PARAMETERS else None
+
+
+def check_threads(threads: object) -> Union[None, int, str]:
+    """generate_image's `threads`: "auto", None or a whole number >= 1; anything else is one sentence."""
+    if threads is None or (isinstance(threads, str) and threads == "auto"):
+        return threads
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"threads must be 'auto', None (torch's setting) or a whole number >= 1, got "
+                          f"{threads!r}; leave it at 'auto' (one thread for small models on the CPU).")
+    return threads
 
 
 @contextmanager

@@ -4,8 +4,10 @@ explains a missing Gradio."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -219,3 +221,71 @@ def saved_record(path: Path) -> dict:
     from PIL import Image
 
     return json.loads(Image.open(path).info["sjd_pac"])
+
+
+def forward_passes(argv, capsys) -> int:
+    from sjd_pac_core.cli import main
+
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    return int(re.search(r"tokens in (\d+) forward passes", out).group(1))
+
+
+def test_a_node_budget_alone_runs_as_with_the_auto_window(tmp_path, capsys):
+    """`--node-budget 128` with no window counts the passes of window auto (the README's figures),
+    not those of the demo's own window, which caps the budget's main chain (the control)."""
+    base = ["generate", "a large orange circle top right on a blue background", "-o", str(tmp_path / "out.png"),
+            "--quiet", "--node-budget", "128"]
+    alone = forward_passes(base, capsys)
+    assert alone == forward_passes([*base, "--window", "auto"], capsys)
+    assert alone < forward_passes([*base, "--window", "12"], capsys)
+
+
+def test_quantizing_the_demo_is_refused_before_torch(tmp_path):
+    proc = run_cli("generate", "a red circle", "--quantize", "int8", "-o", str(tmp_path / "out.png"))
+    (line,) = error_lines(proc)
+    assert proc.returncode == 2 and "--quantize int8 is for the real families" in line and "7B" in line
+    assert "device_map" not in line and not set(HEAVY) & imported(proc)
+
+
+# --- help for every flag ---------------------------------------------------------------------------
+
+def flags_without_help(parser: argparse.ArgumentParser, name: str = "sjd-pac"):
+    """'command flag' for every argument of `parser` and its subcommands that has no help text."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command, child in action.choices.items():
+                yield from flags_without_help(child, f"{name} {command}")
+        elif not action.help:
+            yield f"{name} {'/'.join(action.option_strings) or action.dest}"
+
+
+def test_the_help_walk_finds_a_flag_without_help():
+    """Control: the walk below sees an undocumented flag, in a subcommand too."""
+    parser = argparse.ArgumentParser(prog="x")
+    parser.add_subparsers().add_parser("run").add_argument("--silent-flag")
+    assert list(flags_without_help(parser)) == ["sjd-pac run --silent-flag"]
+
+
+@pytest.mark.parametrize("argv", [["generate"], ["bench"]])  # bench and lossless are built only when asked for
+def test_every_flag_of_every_subcommand_has_help(argv):
+    from sjd_pac_core.cli import build_parser
+
+    parser = build_parser(argv)
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"generate", "batch", "bench", "lossless"} <= set(commands)
+    assert list(flags_without_help(parser)) == []
+
+
+def test_the_help_states_the_real_defaults():
+    from sjd_pac_core.cli import build_parser
+    from sjd_pac_core.config import SamplerConfig
+    from sjd_pac_core.models.demo import DemoImageModel
+
+    generate = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["generate"]
+    helps = {a.dest: a.help for a in generate._actions}
+    assert f"demo {DemoImageModel.defaults.window}, the others {SamplerConfig().window}" in helps["window"]
+    assert "'auto' with --node-budget" in helps["window"]
+    assert DemoImageModel.defaults.tree_first_width is None and "K at every level for the demo" in helps[
+        "tree_first_width"]
+    assert f"the model's - {SamplerConfig().tree_first_width}," in helps["tree_first_width"]

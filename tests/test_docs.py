@@ -771,6 +771,67 @@ def test_no_issue_numbers_or_machine_notes_in_user_docs() -> None:
     assert not problems, "notes that belong in CHANGELOG.md or nowhere:\n" + "\n".join(problems)
 
 
+# --- the README's figures and the nodes' names -------------------------------------------------------
+RESULTS_PAGE = ROOT / "docs" / "benchmark.md"
+NODE_DOCS = [ROOT / "README.md", ROOT / "docs" / "comfyui.md"]
+
+
+def ratio_figures(text: str) -> set:
+    """Every ratio written with decimals ("5.66x", "0.91x") in `text`."""
+    return set(re.findall(r"(?<![\d.])\d+\.\d+x\b", text))
+
+
+def figures_not_on(page: str, readme: str) -> List[str]:
+    return sorted(ratio_figures(readme) - ratio_figures(page))
+
+
+def test_every_ratio_the_readme_cites_is_on_the_results_page() -> None:
+    """A reader can find each of the README's figures, with its command, in docs/benchmark.md."""
+    missing = figures_not_on(RESULTS_PAGE.read_text(encoding="utf-8"), (ROOT / "README.md").read_text(encoding="utf-8"))
+    assert not missing, f"README.md cites figures docs/benchmark.md does not hold: {missing}"
+
+
+def test_the_figure_check_sees_a_figure_missing_from_the_page() -> None:
+    assert figures_not_on("| a | 3.14x | 0.91x |", "gives 3.14x, 0.91x and 9.87x (not 12.5)") == ["9.87x"]
+
+
+def display_names() -> Dict[str, str]:
+    """nodes/__init__.py's NODE_DISPLAY_NAME_MAPPINGS, read without importing the pack."""
+    tree = ast.parse((ROOT / "nodes" / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "NODE_DISPLAY_NAME_MAPPINGS"
+                                                for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("nodes/__init__.py defines no NODE_DISPLAY_NAME_MAPPINGS")
+
+
+def node_name_problems(text: str, names: Dict[str, str]) -> List[str]:
+    """A node named otherwise than ComfyUI shows it: a display name missing from `text`, or the
+    class name in words ("Load AR Image Model") where the display name says something else."""
+    flat = " ".join(text.split())
+    problems = [f"does not name {shown!r}" for shown in names.values() if shown not in flat]
+    for cls, shown in names.items():
+        words = " ".join(re.findall(r"[A-Z]+(?=[A-Z][a-z])|[A-Z][a-z]+|[A-Z]+", cls))
+        if words not in shown and words in flat:
+            problems.append(f"calls the node {shown!r} {words!r}")
+    return problems
+
+
+@pytest.mark.parametrize("doc", NODE_DOCS, ids=rel)
+def test_docs_name_the_nodes_as_comfyui_shows_them(doc: Path) -> None:
+    problems = node_name_problems(doc.read_text(encoding="utf-8"), display_names())
+    assert not problems, f"{rel(doc)}: " + "; ".join(problems)
+
+
+def test_the_node_name_check_sees_an_old_name() -> None:
+    names = {"LoadARImageModel": "Load Emu3, Janus, Lumina (SJD-PAC)", "SJDStats": "SJD Stats (speculative decoding)"}
+    text = "Use *Load AR Image Model* and *SJD Stats (speculative\n decoding)*; *Load Emu3, Janus, Lumina (SJD-PAC)*."
+    assert node_name_problems(text, names) == [
+        "calls the node 'Load Emu3, Janus, Lumina (SJD-PAC)' 'Load AR Image Model'"]
+    assert node_name_problems("SJD Stats alone", names) == [
+        "does not name 'Load Emu3, Janus, Lumina (SJD-PAC)'", "does not name 'SJD Stats (speculative decoding)'"]
+
+
 # --- the checker catches what it should ------------------------------------------------------------
 def problems_of(markdown: str, tmp_path: Path) -> List[str]:
     doc = tmp_path / "_planted_test_doc.md"  # never inside the repository: other workers collect DOCS

@@ -129,6 +129,22 @@ def test_a_run_without_a_curve_says_nothing():
     assert pace.before is None and pace.during(run_stats([1] * 8, 33, [1e-3] * 8)) is None
 
 
+def test_a_budget_alone_is_judged_by_its_pass_and_its_chain_up_to_b():
+    """A budget given without a window takes window auto, which times nothing there: the run is
+    still judged (its pass costs about 9 one-token passes on the CPU), against a chain of up to B."""
+    from sjd_pac_core.models.demo import DemoImageModel
+    from sjd_pac_core.settings import config_from_settings
+
+    config = config_from_settings(DemoImageModel.defaults, node_budget=128)
+    assert config.window == "auto" and pass_cost.most_tokens_per_pass(config) == 129
+    assert pass_cost.most_tokens_per_pass(config.with_(window=12)) == 13  # a window given caps the chain
+    pace = pass_cost.RunPace(config, CPU, "this CPU")
+    assert pace.before is None  # 129 tokens cost about 9 passes, under the 129 a pass may commit
+    note = pace.during(run_stats([5] * 8, 129, [20e-3] * 8))
+    assert note and "committed 5.00 tokens each" in note and "going slower than AR" in note
+    assert pass_cost.RunPace(config.with_(node_budget="auto"), CPU).during(run_stats([5] * 8, 129, [20e-3] * 8)) is None
+
+
 def test_pass_nodes_count_the_window_and_the_tree():
     assert pass_cost.pass_nodes(sp.SamplerConfig(method="sjd", window=32)) == 33
     config = sp.SamplerConfig(method="sjd_pac", window=12, tree_depth=2, tree_width=4, tree_first_width=None)

@@ -261,8 +261,12 @@ def test_a_device_without_a_scheme_says_what_works(precision):
 
 
 def test_demo_model_is_not_quantized():
-    with pytest.raises(sp.ModelLoadError, match="unquantized"):
+    """Refused in words of ours: quantization is for the real families (never a library's "device_map")."""
+    with pytest.raises(sp.ModelLoadError, match="quantize='int8' is for the real families") as err:
         sp.load_model("demo", device="cpu", quantize="int8")
+    assert "device_map" not in str(err.value) and str(err.value).endswith("so use quantize='none'.")
+    with pytest.raises(sp.ModelLoadError, match="leave device_map unset"):
+        sp.load_model("demo", device="cpu", device_map="auto")
 
 
 # --- the benchmark command -------------------------------------------------------------------------

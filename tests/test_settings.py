@@ -178,6 +178,107 @@ def test_a_node_budget_without_a_tree_names_the_ui_fix(knobs):
     assert config_from_settings(DEMO_LIKE, node_budget=128, method="sjd_pac").node_budget == 128
 
 
+# --- a node budget without a window takes the window it needs -----------------------------------
+
+def demo_defaults():
+    from sjd_pac_core.models.demo import DemoImageModel
+
+    return DemoImageModel.defaults
+
+
+def test_the_demo_window_would_cap_a_budget():
+    """Why the rule below matters: the demo's own window is far below a budget's main chain."""
+    assert isinstance(demo_defaults().window, int) and demo_defaults().window < 64
+
+
+@pytest.mark.parametrize("budget", [128, "auto", "64"])
+def test_a_budget_without_a_window_takes_the_auto_window(budget):
+    defaults = demo_defaults()
+    assert config_from_settings(defaults, node_budget=budget).window == "auto"
+    assert config_from_settings(defaults, node_budget=budget, window="").window == "auto"
+    assert config_from_settings(defaults, node_budget=budget, window=12).window == 12  # a window given is kept
+    assert config_from_settings(defaults, node_budget=budget, window="auto").window == "auto"
+    assert config_from_settings(defaults, node_budget=0).window == defaults.window  # no budget: the model's own
+    assert config_from_settings(defaults).window == defaults.window
+    # the tree's chain width needs a fixed window, but a budget ignores the tree knobs
+    assert config_from_settings(defaults, node_budget=budget, tree_chain_width=3).window == "auto"
+    with pytest.raises(sp.ConfigError, match="needs a fixed window"):
+        config_from_settings(defaults, window="auto", tree_chain_width=3)
+
+
+def test_every_front_end_gives_a_budget_the_auto_window():
+    """The CLI, the nodes, the app and a batch line all go through the one conversion."""
+    from test_nodes import submodule
+
+    from sjd_pac_app.runner import run_settings
+    from sjd_pac_core import cli
+    from sjd_pac_core.batch.jobs import line_config
+
+    defaults = demo_defaults()
+    parse = cli.build_parser().parse_args
+    assert cli._config_from_args(parse(["generate", "a red circle", "--node-budget", "128"]), defaults).window == "auto"
+    assert cli._config_from_args(parse(["generate", "a red circle", "--node-budget", "128", "-L", "12"]),
+                                 defaults).window == 12
+    assert cli._config_from_args(parse(["generate", "a red circle"]), defaults).window == defaults.window
+    make = submodule("sampler").make_config
+    knobs = ("sjd_pac", -1, -1, -1, "gumbel", -1, -1, -1, -1)  # -1: the model's own (window too)
+    assert make(*knobs, defaults=defaults, node_budget=128).window == "auto"
+    assert make(*knobs, defaults=defaults, node_budget=-1).window == "auto"  # budget 'auto'
+    assert make(*knobs, defaults=defaults).window == defaults.window
+    page = dict(prompt="a red circle", negative_prompt="", resolution=None, seed=0, method="sjd_pac",
+                verify="gumbel", cfg_scale=2.0, temperature=0.8, top_k=0, top_p=1.0, tree_depth=2, tree_width=4)
+    assert run_settings(defaults, **page, window="", node_budget="128").config.window == "auto"
+    assert run_settings(defaults, **page, window="12", node_budget="128").config.window == 12
+    assert line_config(defaults, {"node_budget": 128}).window == "auto"
+    assert line_config(defaults, {"node_budget": 128, "window": 32}).window == 32
+
+
+def test_a_budget_alone_under_rejection_gives_its_picture_again(demo_model, monkeypatch):
+    """The auto window a fixed budget takes times nothing: two devices with opposite pass costs
+    (as tests/test_window.py plants them) draw the same tokens for a seed under rejection."""
+    from sjd_pac_core.engine import loop
+    from sjd_pac_core.engine.window import CostCurve
+    from sjd_pac_core.settings import seed_reproduces_picture
+
+    config = config_from_settings(demo_defaults(), verify="rejection", node_budget=64)
+    assert config.window == "auto" and seed_reproduces_picture(config)
+    prompt, tokens, probes = "a large orange circle top right on a blue background", [], []
+    for costs in (CostCurve((1, 128), (1.0, 1.0)), CostCurve((1, 128), (1.0, 128.0))):
+        monkeypatch.setattr(loop, "measure_cost_curve", lambda *a, _c=costs, **k: probes.append(1) or _c)
+        tokens.append(sp.generate_image(demo_model, prompt, config, seed=3).tokens)
+    assert torch.equal(tokens[0], tokens[1]) and not probes
+
+
+# --- generate_image's CPU threads: the CLI's choice, the caller's setting restored ----------------
+
+def test_generate_image_runs_with_the_clis_thread_choice_and_restores_the_callers(demo_model):
+    seen = []
+
+    def record(progress):
+        seen.append(torch.get_num_threads())
+
+    def record_and_stop(progress):
+        record(progress)
+        raise sp.GenerationCancelled()
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)  # the caller's own setting, not the demo's choice (1)
+        sp.generate_image(demo_model, "a red circle top left on a blue background", seed=0, callback=record)
+        assert set(seen) == {threads_for(demo_model)} == {1} and torch.get_num_threads() == 3
+        for threads, during in ((2, 2), (None, 3), ("auto", 1)):
+            seen.clear()
+            with pytest.raises(sp.GenerationCancelled):  # restored when the run raises too
+                sp.generate_image(demo_model, "a red circle top left on a blue background", seed=0, callback=record_and_stop, threads=threads)
+            assert seen == [during] and torch.get_num_threads() == 3, threads
+        for bad in (0, -1, "2", 1.5, True):
+            with pytest.raises(sp.ConfigError, match="threads must be 'auto', None"):
+                sp.generate_image(demo_model, "a red circle top left on a blue background", seed=0, threads=bad)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
 # --- what L = 1 does, said truly -----------------------------------------------------------------
 
 @pytest.mark.parametrize("knobs, says, never", [
@@ -221,6 +322,8 @@ def test_window_one_claims_hold_on_the_demo_model(demo_model):
     (dict(verify="rejection", window="auto", method="ar"), True),  # AR has no window to choose
     (dict(verify="rejection", node_budget="auto"), False),  # the pass size follows the measured speed
     (dict(verify="rejection", node_budget=128), True),
+    (dict(verify="rejection", node_budget=128, window="auto"), True),  # what a budget alone gets: nothing timed
+    (dict(verify="rejection", node_budget="auto", window="auto"), False),
     (dict(verify="gumbel", node_budget="auto"), True),
 ])
 def test_what_a_seed_reproduces_is_said_in_the_run_record(fields, reproduces):

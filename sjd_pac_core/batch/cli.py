@@ -57,7 +57,8 @@ def add_batch_parser(subparsers, **checks: Callable) -> None:
                    help=f"methods for every line, as `sjd-pac bench` takes them: e.g. ar,sjd@32,sjd-pac@64, or a "
                         f"preset ({', '.join(PRESETS)}; paper = {DEFAULT_METHODS}); default: each line's own "
                         "settings (the model's: SJD-PAC)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                   help="weights' precision: auto (the default) is bf16 on GPUs that support it, else fp32")
     p.add_argument("--quantize", default="none", choices=["none", "int8", "4bit", "auto"],
                    help="weight-only quantization of the decoder layers, as `sjd-pac generate` takes it")
     p.add_argument("--check-finite", action="store_true",

@@ -71,7 +71,8 @@ def run_job(model: ARImageModel, job: Job, worker: str = "local") -> JobOutput:
         warnings.simplefilter("always")  # e.g. a word the demo does not know: kept in the line
         start = time.perf_counter()
         result = generate_image(model, job.prompt, config=job.config, seed=job.seed,
-                                negative_prompt=job.negative_prompt, resolution=job.resolution)
+                                negative_prompt=job.negative_prompt, resolution=job.resolution,
+                                threads=None)  # the runner set this worker's threads (--threads)
         latency = time.perf_counter() - start
     run = record_of(result, latency, job.method)
     threads = torch.get_num_threads() if model.device.type == "cpu" else None

@@ -39,8 +39,9 @@ LOSSLESS_SEEDS = "0-119"
 
 def _common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="demo", help="'demo' or a local checkpoint folder (anything load_model accepts)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
-    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                   help="weights' precision: auto (the default) is bf16 on GPUs that support it, else fp32")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps")
     p.add_argument("--prompt-set", default=None,
                    help="demo, general or a text file (one prompt per line); default: demo for the demo "
                         "model, general otherwise")
@@ -92,7 +93,7 @@ def add_bench_parser(subparsers, add_sampler_args: Callable[[argparse.ArgumentPa
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common_args(bench)
     bench.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run of each method")
-    bench.add_argument("--no-plots", action="store_true")
+    bench.add_argument("--no-plots", action="store_true", help="write results.json and results.md only, no PNG figures")
     bench.add_argument("--locality-samples", type=arguments.whole(0, 1000, "0 skips the locality curve"), default=4,
                        help="AR samples for the locality curve (demo model; 0 = skip)")
     bench.add_argument("--numerics", action="store_true",

@@ -23,7 +23,8 @@ right behind the changed token), on the main chain or on a path that took a side
 `--out` also writes every count to a JSON file.
 
 `--budgets` adds, for each budget B, the default tree (first level 8, then K = 4) with the window
-that fills B (`within_budget`) and the budget drafter (`SamplerConfig(node_budget=B)`).
+that fills B (`within_budget`) and the budget drafter (`SamplerConfig(node_budget=B)`, window
+"auto" as `sjd-pac generate --node-budget B` runs it; `--budget-window 64` caps its main chain).
 Everything comes from the per-pass records of `generate_image`; no timing is reported.
 """
 
@@ -35,7 +36,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -196,7 +197,10 @@ def measure(model, prompts: Sequence[str], seeds: Sequence[int], configs: Dict[s
 
 
 def grid(defaults: SamplerConfig, window: int, variants: Sequence[str], rules: Sequence[str],
-         budgets: Sequence[int] = ()) -> Dict[str, SamplerConfig]:
+         budgets: Sequence[int] = (), budget_window: Union[int, str] = "auto") -> Dict[str, SamplerConfig]:
+    """The runs by name: every variant at `window` under every rule; for each budget, the default
+    tree within it and the budget drafter, whose main chain `budget_window` caps ("auto": up to B,
+    what a budget given without a window gets)."""
     configs = {f"{v} | {r}": defaults.with_(**{"method": "sjd_pac", "window": window, "verify": r, **VARIANTS[v]})
                for v in variants for r in rules}
     for budget in budgets:
@@ -205,7 +209,7 @@ def grid(defaults: SamplerConfig, window: int, variants: Sequence[str], rules: S
             configs[f"default tree, L={fixed['window']} | {rule}"] = defaults.with_(
                 method="sjd_pac", verify=rule, node_budget=None, **fixed)
             configs[f"node budget {budget} | {rule}"] = defaults.with_(
-                method="sjd_pac", verify=rule, window=window, node_budget=budget)
+                method="sjd_pac", verify=rule, window=budget_window, node_budget=budget)
     return configs
 
 
@@ -293,8 +297,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--prompts", type=arguments.whole(1, 100_000), default=None,
                         help="first N prompts of the set (default: all)")
     parser.add_argument("--seeds", type=arguments.seed, nargs="+", default=[0, 1])
-    parser.add_argument("--window", type=arguments.whole(1, 1024), default=64,
-                        help="L (for a budget: the longest main chain)")
+    parser.add_argument("--window", type=arguments.whole(1, 1024), default=64, help="the variants' window L")
+    parser.add_argument("--budget-window", type=arguments.window, default="auto",
+                        help="the budget drafter's longest main chain: 'auto' (the default, up to B: what "
+                             "--node-budget B gets without a window) or L")
     parser.add_argument("--variants", nargs="*", default=None, choices=list(VARIANTS),
                         help="default: all of them, or none with --budgets")
     parser.add_argument("--budgets", type=arguments.whole(1, MAX_NODE_BUDGET), nargs="*", default=[],
@@ -309,11 +315,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     torch.set_num_threads(1)
     model = load_model(args.model)
     variants = args.variants if args.variants is not None else ([] if args.budgets else list(VARIANTS))
-    configs = grid(model.defaults.sampler_config(), args.window, variants, args.rules, args.budgets)
+    configs = grid(model.defaults.sampler_config(), args.window, variants, args.rules, args.budgets,
+                   args.budget_window)
     prompt_set = args.prompt_set or ("demo" if args.model == "demo" else "general")
     prompts = load_prompts(prompt_set, args.prompts)
-    print(f"{args.model}, L={args.window}, {len(prompts)} prompts of {prompt_set} x seeds {args.seeds}, "
-          "model defaults otherwise")
+    print(f"{args.model}, L={args.window} (budgets: L={args.budget_window}), {len(prompts)} prompts of {prompt_set} "
+          f"x seeds {args.seeds}, model defaults otherwise")
     tallies = measure(model, prompts, args.seeds, configs)
     print(table(tallies))
     print()
@@ -325,7 +332,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         from ..files import write_atomic
 
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(Path(args.out), json.dumps(dict(model=args.model, window=args.window, prompt_set=prompt_set,
+        write_atomic(Path(args.out), json.dumps(dict(model=args.model, window=args.window,
+                                                     budget_window=args.budget_window, prompt_set=prompt_set,
                                                      prompts=len(prompts), seeds=args.seeds,
                                                      cells=as_json(tallies)), indent=1).encode())
         print(f"wrote {args.out}")

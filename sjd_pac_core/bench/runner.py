@@ -69,7 +69,7 @@ def record_of(result: ImageResult, latency: float, method: str = "", prompt_inde
 def run_one(model: ARImageModel, prompt: str, config: SamplerConfig, seed: int, method: str = "",
             prompt_index: int = 0, order: int = 0) -> RunRecord:
     start = time.perf_counter()
-    result = generate_image(model, prompt, config=config, seed=seed)
+    result = generate_image(model, prompt, config=config, seed=seed, threads=None)  # --threads set them
     return record_of(result, time.perf_counter() - start, method, prompt_index, order)
 
 

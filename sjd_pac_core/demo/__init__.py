@@ -22,3 +22,9 @@ EXAMPLE_PROMPT = "a large orange circle top right on a blue background"
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"  # the shipped demo folder
 VOCAB_FILE = "vocab.json"  # a demo folder's vocabulary (captions.check_prompt reads it before loading)
+
+
+def quantize_refusal(asked: str, fix: str) -> str:
+    """The one sentence that refuses to quantize the demo model (the CLI before torch, load_model)."""
+    return (f"{asked} is for the real families (Lumina-mGPT, Emu3 and Janus-Pro, 7B models); the demo model "
+            f"has 1.7M parameters and loads whole in full precision, so {fix}.")

@@ -322,9 +322,13 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, dev)
     cls = _family_class(FAMILIES[family])
     if not getattr(cls, "supports_device_map", False):  # the demo model: a few MB in its own format
-        if quantize not in ("none", "auto") or device_map is not None:
-            raise ModelLoadError(f"The {family} model is loaded whole and unquantized (it is small); "
-                                 "use quantize='none' and no device_map.")
+        if quantize not in ("none", "auto"):
+            from ..demo import quantize_refusal
+
+            raise ModelLoadError(quantize_refusal(f"quantize={quantize!r}", "use quantize='none'"))
+        if device_map is not None:
+            raise ModelLoadError(f"The {family} model is a few MB and loads whole on one device; leave device_map "
+                                 "unset (None).")
         try:
             model = cls.load(folder, config, torch_dtype, dev)
         except ModelLoadError as exc:

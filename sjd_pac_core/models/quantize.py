@@ -64,22 +64,9 @@ class Scheme:
         return out_features * in_features * self.weight_bits // 8 + out_features * groups * (scale + self.zero_point_bytes)
 
 
-def _import_torchao() -> None:
-    """Import torchao with its loader's warnings silenced: its CPU wheels log one warning per CUDA
-    kernel library they cannot load, which is harmless here and reads like a failure."""
-    import logging
-
-    log = logging.getLogger("torchao")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        import torchao  # noqa: F401
-    finally:
-        log.setLevel(level)
-
-
+# The quantization libraries are imported only here, when a scheme is built for a load that asks for
+# one; their known start-up noise is filtered for the whole package (library_noise.py).
 def _torchao_int8(scheme: Scheme, dtype: torch.dtype, skip: List[str], group: int):
-    _import_torchao()
     from torchao.quantization import Int8WeightOnlyConfig
     from transformers import TorchAoConfig
 
@@ -87,7 +74,6 @@ def _torchao_int8(scheme: Scheme, dtype: torch.dtype, skip: List[str], group: in
 
 
 def _torchao_int4(scheme: Scheme, dtype: torch.dtype, skip: List[str], group: int):
-    _import_torchao()
     from torchao.quantization import IntxWeightOnlyConfig
     from torchao.quantization.granularity import PerGroup
     from transformers import TorchAoConfig

@@ -452,7 +452,7 @@ def evaluate_model(model, prompts: Optional[Iterable[str]] = None, seeds: Sequen
     rows = []
     for p in prompts:
         for s in seeds:
-            img = generate_image(model, p, config=config, seed=s).images[0]
+            img = generate_image(model, p, config=config, seed=s, threads=None).images[0]  # --threads
             rows.append((p, s, check_image(p, img), img))
     return pass_rates([r[2] for r in rows]), rows
 

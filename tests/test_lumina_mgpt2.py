@@ -322,6 +322,18 @@ def test_the_command_line_refuses_the_size_before_any_weight_is_read(folder, tmp
     assert "96x96, 128x32" in message and _one_sentence(message)
 
 
+def test_the_command_line_generates_with_it(folder, tmp_path, capsys):
+    from PIL import Image
+
+    from sjd_pac_core import cli
+
+    out = tmp_path / "fox.png"
+    code = cli.main(["generate", PROMPT, "--model", str(folder), "--resolution", "64x64", "--device", "cpu",
+                     "-o", str(out), "--quiet"])
+    printed = capsys.readouterr().out
+    assert code == 0 and "model: lumina_mgpt2" in printed and Image.open(out).size == (64, 64)
+
+
 def test_negative_prompt_is_ignored_with_a_warning(model):
     enc = model.encode_prompt(PROMPT, negative_prompt="blurry")
     assert enc.warnings and "ignores negative prompts" in enc.warnings[0]

@@ -42,8 +42,8 @@ PROMPT = "a red cat on the blue field"
 WINDOW_TOLERANCE = 1e-4  # fp32: measured <= 8e-6 for every offered scheme; the control 4e-3 .. 1e-1
 LAYER_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-LAYERS_PREFIX = {"lumina_mgpt": "model.layers", "emu3": "model.text_model.layers", "janus": "model.language_model.layers",
-                 "lumina_mgpt2": "model.layers"}
+LAYERS_PREFIX = {"lumina_mgpt": "model.layers", "emu3": "model.text_model.layers",
+                 "janus": "model.language_model.layers", "lumina_mgpt2": "model.layers"}
 
 
 @pytest.fixture(scope="module")

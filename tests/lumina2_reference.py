@@ -133,26 +133,26 @@ def run(src: Path, folder: Path) -> dict:
     out: dict = {"prompt_ids": {}, "tokens": {}, "p": {}}
     for resolution, cfg in RUNS:
         width, height = (int(v) for v in resolution.split("x"))
-        item = {"image": [], "conversations": [
-            {"from": "human", "value": f"Generate an image of {width}x{height} according to the following prompt:\n{PROMPT}"},
-            {"from": "gpt", "value": None}]}
+        question = f"Generate an image of {width}x{height} according to the following prompt:\n{PROMPT}"
+        item = {"image": [], "conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": None}]}
         prompt = proc.process_item(item)
         prompt += [IMAGE_START, proc.token2id(proc.get_n_grids_token(height // 32)),
                    proc.token2id(proc.get_n_grids_token(width // 32))]
         out["prompt_ids"][resolution] = prompt
         n_tokens = (height // 8) * (width // 8 + 1) + 1
-        generated = solver.model.generate(
-            torch.tensor([prompt]), GenerationConfig(max_new_tokens=n_tokens, max_length=solver.model.config.max_position_embeddings,
-                                                     do_sample=False, eos_token_id=[IMAGE_END], output_scores=True,
-                                                     return_dict_in_generate=True),
-            logits_processor=solver.create_logits_processor(cfg=cfg, image_top_k=TOP_K))
+        config = GenerationConfig(max_new_tokens=n_tokens, max_length=solver.model.config.max_position_embeddings,
+                                  do_sample=False, eos_token_id=[IMAGE_END], output_scores=True,
+                                  return_dict_in_generate=True)
+        generated = solver.model.generate(torch.tensor([prompt]), config,
+                                          logits_processor=solver.create_logits_processor(cfg=cfg, image_top_k=TOP_K))
         tokens = generated.sequences[0, len(prompt):].tolist()
         key = f"{resolution}|{cfg}"
         out["tokens"][key] = tokens
         if cfg == 4.0:
             steps = [t for t in P_STEPS if t < len(tokens)]
             p = [torch.softmax(generated.scores[t][0].float(), -1) for t in steps]
-            out["p"][resolution] = [(t, pt.topk(3).indices.tolist(), pt.topk(3).values.tolist()) for t, pt in zip(steps, p)]
+            out["p"][resolution] = [(t, pt.topk(3).indices.tolist(), pt.topk(3).values.tolist())
+                                    for t, pt in zip(steps, p)]
         if key == IMAGE_RUN:
             _, images = solver.decode_ids(prompt[-3:] + tokens)
             out["image_uint8"] = pack(np.asarray(images[0].convert("RGB"), dtype=np.uint8))

@@ -76,11 +76,11 @@ def quantize_problem(model: Any, quantize: Any) -> Optional[str]:
 class LoadARImageModel:
     DESCRIPTION = (
         "Loads an autoregressive text-to-image model (the bundled 64x64 demo model, Lumina-mGPT, "
-        "Emu3 or Janus-Pro) from models/autoregressive/<folder>. Loading again with the same "
+        "Lumina-mGPT 2.0, Emu3 or Janus-Pro) from models/autoregressive/<folder>. Loading again with the same "
         "settings reuses the loaded model."
     )
     CATEGORY = "sjd-pac"
-    SEARCH_ALIASES = ["lumina", "lumina-mgpt", "janus", "janus-pro", "emu3", "autoregressive image model",
+    SEARCH_ALIASES = ["lumina", "lumina-mgpt", "lumina-mgpt-2", "janus", "janus-pro", "emu3", "autoregressive image model",
                       "speculative decoding"]
     RETURN_TYPES = (AR_IMAGE_MODEL,)
     RETURN_NAMES = ("model",)

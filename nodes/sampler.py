@@ -50,7 +50,8 @@ KNOBS: Dict[str, Tuple[Any, dict]] = {
     "cfg_scale": ("FLOAT", {
         "default": -1.0, "min": -1.0, "max": 30.0, "step": 0.1, "round": 0.01,
         "tooltip": "Classifier-free guidance scale: how strongly the image follows the prompt. 1.0 turns "
-                   f"guidance off (half the compute). {_FROM_MODEL}: demo 2, Lumina-mGPT 3, Emu3 3, Janus-Pro 5.",
+                   f"guidance off (half the compute). {_FROM_MODEL}: demo 2, Lumina-mGPT 3, Lumina-mGPT 2.0 4, Emu3 3, "
+                   "Janus-Pro 5.",
     }),
     "temperature": ("FLOAT", {
         "default": -1.0, "min": -1.0, "max": 5.0, "step": 0.01,
@@ -61,7 +62,7 @@ KNOBS: Dict[str, Tuple[Any, dict]] = {
     "top_k": ("INT", {
         "default": -1, "min": -1, "max": 65536, "step": 1,
         "tooltip": "Keep only the k most likely tokens at each position; 0 = off. "
-                   f"{_FROM_MODEL}: Lumina-mGPT 2000, Emu3 2048, demo and Janus-Pro off.",
+                   f"{_FROM_MODEL}: Lumina-mGPT 2000, Lumina-mGPT 2.0 4096, Emu3 2048, demo and Janus-Pro off.",
     }),
     "top_p": ("FLOAT", {
         "default": -1.0, "min": -1.0, "max": 1.0, "step": 0.01,
@@ -356,7 +357,7 @@ class SJDPACSampler:
                                "ones the loaded model was trained for, else the node names them: demo 64x64, "
                                "Janus-Pro 384x384, Emu3 720x720 832x624 624x832 960x544 544x960, Lumina-mGPT "
                                "every size of its checkpoint's pixel area (e.g. 768x768, 1024x576, 576x1024 "
-                               "for -768).",
+                               "for -768), Lumina-mGPT 2.0 every size of 768x768's area, then of 512x512's.",
                 }),
                 "seed": SEED_INPUT,
                 "cfg_scale": k["cfg_scale"], "temperature": k["temperature"], "top_k": k["top_k"], "top_p": k["top_p"],

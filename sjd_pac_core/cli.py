@@ -199,6 +199,24 @@ def _no_transformers_bars() -> Iterator[None]:
             transformers_logging.enable_progress_bar()
 
 
+def check_resolution_for_folder(model: str, resolution: Optional[str]) -> None:
+    """A size the checkpoint was not trained for is refused from its folder's config.json and name
+    alone, before any weight is read (the loaded model would refuse it only after loading)."""
+    if resolution is None:
+        return
+    from .models.loader import folder_resolutions
+
+    try:
+        family, sizes = folder_resolutions(model)
+    except ValueError:
+        return  # not a checkpoint folder: load_model says what is wrong with it
+    if sizes is not None and resolution not in sizes:
+        raise ArgumentError(
+            f"--resolution {resolution}: the {family} checkpoint in {model} was trained for {', '.join(sizes)}; "
+            "choose one of these (the first is its default)."
+        )
+
+
 def _generate(args) -> int:
     import sjd_pac_core as sp
     from tqdm import tqdm
@@ -208,6 +226,7 @@ def _generate(args) -> int:
     from .settings import pointless_setting_warnings, run_record, seed_note, settings_line
     from .threads import threads_for, torch_threads
 
+    check_resolution_for_folder(args.model, args.resolution)
     with _no_transformers_bars() if args.quiet else contextlib.nullcontext():
         model = sp.load_model(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize,
                               check_finite=True if args.check_finite else None)

@@ -49,12 +49,14 @@ def smoke_demo_folder(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_lumina_sizes():
-    """Lumina-mGPT's sizes are a constant of the family (512/768/1024 px); the tiny test
-    checkpoints run at 96x96 and 64x64 instead, without users ever seeing such sizes."""
-    from sjd_pac_core.models import lumina_mgpt
+    """Lumina-mGPT's sizes are a constant of the family (512/768/1024 px), as Lumina-mGPT 2.0's are
+    (the areas of 768 and 512 px); the tiny test checkpoints run at the sizes of 96 and 64 px
+    instead, without users ever seeing such sizes."""
+    from sjd_pac_core.models import lumina_mgpt, lumina_mgpt2
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lumina_mgpt, "LUMINA_SIZES", (96, 64))
+        mp.setattr(lumina_mgpt2, "TARGETS", (96, 64))
         yield
 
 

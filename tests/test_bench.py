@@ -14,7 +14,8 @@ import torch
 from PIL import Image
 
 from sjd_pac_core.bench import lossless as L
-from sjd_pac_core.bench.methods import DEFAULT_METHODS, MethodSpec, parse_method, parse_methods, parse_seeds
+from sjd_pac_core.bench.methods import (DEFAULT_METHODS, LUMINA2_AUTHORS_SJD, MethodSpec, method_key, parse_method,
+                                       parse_methods, parse_seeds)
 from sjd_pac_core.bench.runner import PROMPT_DIR, load_prompts
 from sjd_pac_core.cli import main
 from sjd_pac_core.demo import captions
@@ -155,6 +156,21 @@ def test_method_grammar():
             parse_method(bad)
     with pytest.raises(ValueError, match="twice"):
         parse_methods("ar,ar")
+    # Lumina-mGPT 2.0's own SJD: window 16, random initial drafts, rejection sampling.
+    theirs = parse_method(LUMINA2_AUTHORS_SJD)
+    assert theirs.key == LUMINA2_AUTHORS_SJD == "sjd@16:rejection:random"
+    assert parse_method("sjd@16:random:rejection") == theirs
+    assert theirs.label == "SJD L=16, rejection, random drafts"
+    c = theirs.config(SamplerConfig())
+    assert (c.method, c.window, c.verify, c.init_proposal) == ("sjd", 16, "rejection", "uniform")
+    assert method_key(c, SamplerConfig()) == theirs.key and [m.key for m in parse_methods("lumina2")][1] == theirs.key
+    for bad in ("ar:random", "sjd@16:random:uniform"):
+        with pytest.raises(ValueError):
+            parse_method(bad)
+    from sjd_pac_core.bench import drafting  # its counting row is the same method (--rules gives the rule)
+
+    row = SamplerConfig().with_(**{"method": "sjd_pac", "window": 64, **drafting.VARIANTS[drafting.LUMINA2_AUTHORS]})
+    assert (row.method, row.window, row.init_proposal) == (c.method, c.window, c.init_proposal)
     assert parse_seeds("0-3,7") == [0, 1, 2, 3, 7]
     with pytest.raises(ValueError):
         parse_seeds("a")

@@ -74,9 +74,12 @@ def test_fits_and_the_sentence_naming_what_fits():
 
 def test_published_checkpoints_fit_8_gb_at_4_bit_and_12_gb_at_8_bit():
     """The targets, by the plan: every family at its default resolution in 8 GB at 4 bit (with
-    guidance), and every row of the table in 12 GB at 8 bit."""
+    guidance), and every row of the table in 12 GB at 8 bit - except Lumina-mGPT 2.0, whose
+    9,313-token image needs a 10 GB KV cache with guidance (test_lumina_mgpt2: 24 and 16 GB)."""
     defaults = {"Lumina-mGPT-7B-768", "Emu3-Gen-hf", "Janus-Pro-7B"}
     for name, _, _, plan in published_plans():
+        if plan.family == "lumina_mgpt2":
+            continue
         assert plan.cost("int8").total <= 12e9, name
         if name in defaults:
             assert plan.cost("4bit").total <= 8e9, name

@@ -1017,3 +1017,22 @@ def test_stats_summary_is_laid_out_whole(pack, bridge, handle, tmp_path):
         assert layout["height"] == len(lines) * layout["per"] + 8
         assert any(line.startswith("wall time") for line in lines) and any("speedup vs AR" in line for line in lines)
         assert not any(line.endswith("...") for line in lines)
+
+
+def test_loader_node_loads_lumina_mgpt2_with_its_sizes(pack, bridge, tmp_path, tiny_lumina_sizes):
+    """A Lumina-mGPT 2.0 folder (tiny, in its authors' layout, MoVQGAN file beside config.json) is
+    listed, loads through the loader node and answers its sizes; the real sizes are in the
+    sampler's static list."""
+    from sjd_pac_core.models import sizes
+    from tiny_checkpoints import build_lumina2
+
+    build_lumina2(tmp_path / "lumina-mgpt-2.0")
+    bridge.hooks.model_roots = lambda: [str(tmp_path)]
+    loader_cls = pack.NODE_CLASS_MAPPINGS["LoadARImageModel"]
+    assert "lumina-mgpt-2.0" in loader_cls.INPUT_TYPES()["required"]["model"][0]
+    (handle_,) = loader_cls().load("lumina-mgpt-2.0", "fp32", "cpu")
+    assert handle_.family == "lumina_mgpt2" and handle_.resolutions[0] == "96x96"
+    answer = submodule("loader").resolutions_for_choice("lumina-mgpt-2.0")
+    assert answer["family"] == "lumina_mgpt2" and answer["resolutions"][0] == "96x96"
+    real = sizes.family_resolutions()["lumina_mgpt2"]
+    assert real[0] == "768x768" and set(real) <= set(submodule("sampler").RESOLUTIONS)

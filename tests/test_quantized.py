@@ -36,13 +36,14 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="the quant extra is not installed"),
 ]
 
-FAMILIES = ["lumina_mgpt", "emu3", "janus"]
+FAMILIES = ["lumina_mgpt", "emu3", "janus", "lumina_mgpt2"]
 OFFERED_ON_CPU = ["int8", "4bit"]
 PROMPT = "a red cat on the blue field"
 WINDOW_TOLERANCE = 1e-4  # fp32: measured <= 8e-6 for every offered scheme; the control 4e-3 .. 1e-1
 LAYER_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-LAYERS_PREFIX = {"lumina_mgpt": "model.layers", "emu3": "model.text_model.layers", "janus": "model.language_model.layers"}
+LAYERS_PREFIX = {"lumina_mgpt": "model.layers", "emu3": "model.text_model.layers",
+                 "janus": "model.language_model.layers", "lumina_mgpt2": "model.layers"}
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,8 @@ def test_only_the_decoder_layers_are_quantized(models, family, precision):
     # The LM head keeps the rows sampling uses (none of Janus-Pro's text head), in full precision.
     head = model.model.lm_head
     assert isinstance(head, HeadRows) and not qz.is_quantized(head.rows)
-    rows = {"janus": 0, "emu3": model.num_codes + 4, "lumina_mgpt": model.num_codes + 2}[family]
+    rows = {"janus": 0, "emu3": model.num_codes + 4, "lumina_mgpt": model.num_codes + 2,
+            "lumina_mgpt2": model.num_codes + 2}[family]
     assert head.rows.shape[0] == rows
 
 
@@ -153,7 +155,8 @@ def test_nf4_quantizes_the_same_modules(folders, family, monkeypatch):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_plan_weights_are_what_the_model_holds(models, family, precision):
     model = models[(family, precision)]
-    held = qz.weight_bytes([model.model] + ([model.vqgan] if family == "lumina_mgpt" else []))
+    decoder = {"lumina_mgpt": "vqgan", "lumina_mgpt2": "movq"}.get(family)  # kept beside the transformers model
+    held = qz.weight_bytes([model.model] + ([getattr(model, decoder)] if decoder else []))
     planned = model.memory_plan.cost(precision).weights
     assert abs(held - planned) <= 0.002 * planned, (held, planned)  # buffers (rotary tables) aside
 

@@ -34,6 +34,7 @@ MODEL_FOLDERS = {  # the folder names the docs tell people to use under models/a
     "3 - Lumina-mGPT 7B 768px (needs download and 20 GB GPU).json": "lumina-mgpt-7b-768",
     "4 - Emu3-Gen (needs download and 24 GB GPU).json": "emu3-gen",
     "5 - Janus-Pro 7B 384px (needs download and 16 GB GPU).json": "janus-pro-7b",
+    "6 - Lumina-mGPT 2.0 768px (needs download and 24 GB GPU).json": "lumina-mgpt-2.0",
 }
 MAX_GRAPH_HEIGHT = 1200  # px at zoom 1: readable without scrolling through a tall graph
 
@@ -275,7 +276,7 @@ def test_template_browser_thumbnail_title_and_size(path):
 
 def test_template_order_demo_then_comparison_then_real_families():
     names = sorted(p.name for p in UI_FILES)
-    assert [n.split(" - ")[0] for n in names] == ["1", "2", "3", "4", "5"]
+    assert [n.split(" - ")[0] for n in names] == ["1", "2", "3", "4", "5", "6"]
     assert names[0] == DEMO_WF and names[1] == COMPARE_WF
     assert all(MODEL_FOLDERS[n] != "demo" for n in names[2:])
     assert not (WORKFLOWS / "index.json").exists()  # ComfyUI 0.3.64 would list it as a template

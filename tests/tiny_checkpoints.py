@@ -350,7 +350,169 @@ def build_janus(folder: Path, grid: int = 6, seed: int = 0) -> Path:
     return folder
 
 
-BUILDERS = {"lumina_mgpt": build_lumina, "emu3": build_emu3, "janus": build_janus}
+# --- Lumina-mGPT 2.0 ------------------------------------------------------------------------------
+# The real ids the authors' code hard-codes: MoVQGAN code c at 155000 + c (16384 codes), <racm3:break>
+# = 151665, <eoss> = 151666 (their stop token), <reserved08799> = 151670 (their decode drops it as the
+# end-of-line), after the Qwen2.5 tokenizer's 151643 <|endoftext|> and its specials. Every other name
+# (the size tokens <reserved08800+n>, the turn separator <reserved08706>) sits at an id of ours:
+# the loader finds them by name, as the authors' code does.
+LUMINA2_OFFSET = 155000
+LUMINA2_CODES = 16384
+LUMINA2_VOCAB = 172032  # > 155000 + 16384; the width is tiny instead (hidden 32)
+LUMINA2_HEADS = 2
+
+
+def lumina2_vocabulary() -> Dict[str, int]:
+    vocab = {"<unk>": 0}
+    for i, word in enumerate(TEXT_WORDS):
+        vocab[word] = 1000 + i  # far from len(vocab): the authors' processor adds "<|image|>" at that id
+    vocab.update({"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
+                  "<racm3:break>": 151665, "<eoss>": 151666})
+    for n in range(8796, 8900):  # <reserved08796> .. <reserved08899>: 08799 = EOL, 08800 + n = n grids of 32 px
+        vocab[f"<reserved{n:05d}>"] = 151667 + n - 8796
+    vocab["<reserved08706>"] = 151800  # the turn separator of the authors' Conversation template
+    return vocab
+
+
+# MoVQGAN's ddconfig (ai-forever's 270M: ch 256, ch_mult 1 2 2 4, 2 res blocks, attention at 32 of a
+# nominal 256) made tiny, keeping what decides the key layout: 8x downsampling, attention at the
+# coarsest level, a width change, 16384 codes of 4 channels.
+TINY_MOVQ = {"n_embed": LUMINA2_CODES, "embed_dim": 4,
+             "ddconfig": {"double_z": False, "z_channels": 4, "resolution": 64, "in_channels": 3, "out_ch": 3,
+                          "ch": 32, "ch_mult": [1, 1, 1, 2], "num_res_blocks": 1, "attn_resolutions": [8],
+                          "dropout": 0.0}}
+
+
+def movqgan_state(params: dict = TINY_MOVQ, seed: int = 0) -> Dict[str, torch.Tensor]:
+    """A random state dict under MoVQGAN's key names (movqgan/models/vqgan.py MOVQ with its
+    MOVQDecoder: every norm a SpatialNorm of norm_layer, conv_y, conv_b), written out from its naming
+    scheme (not from our module), with encoder and quant_conv keys a decoder must skip."""
+    gen = torch.Generator().manual_seed(seed)
+    dd = params["ddconfig"]
+    ch, mult, nrb, zq = dd["ch"], dd["ch_mult"], dd["num_res_blocks"], params["embed_dim"]
+    sd: Dict[str, torch.Tensor] = {}
+
+    def conv(name: str, cin: int, cout: int, k: int, bias_mean: float = 0.0) -> None:
+        sd[f"{name}.weight"] = torch.randn(cout, cin, k, k, generator=gen) * (1.0 / (cin * k * k) ** 0.5)
+        sd[f"{name}.bias"] = bias_mean + torch.randn(cout, generator=gen) * 0.05
+
+    def norm(name: str, c: int) -> None:
+        sd[f"{name}.norm_layer.weight"] = 1 + 0.1 * torch.randn(c, generator=gen)
+        sd[f"{name}.norm_layer.bias"] = 0.1 * torch.randn(c, generator=gen)
+        conv(f"{name}.conv_y", zq, c, 1, bias_mean=1.0)
+        conv(f"{name}.conv_b", zq, c, 1)
+
+    def resblock(name: str, cin: int, cout: int) -> None:
+        norm(f"{name}.norm1", cin)
+        conv(f"{name}.conv1", cin, cout, 3)
+        norm(f"{name}.norm2", cout)
+        conv(f"{name}.conv2", cout, cout, 3)
+        if cin != cout:
+            conv(f"{name}.nin_shortcut", cin, cout, 1)
+
+    def attn(name: str, c: int) -> None:
+        norm(f"{name}.norm", c)
+        for part in ("q", "k", "v", "proj_out"):
+            conv(f"{name}.{part}", c, c, 1)
+
+    levels = len(mult)
+    block_in = ch * mult[-1]
+    res = dd["resolution"] // 2 ** (levels - 1)
+    conv("decoder.conv_in", dd["z_channels"], block_in, 3)
+    resblock("decoder.mid.block_1", block_in, block_in)
+    attn("decoder.mid.attn_1", block_in)
+    resblock("decoder.mid.block_2", block_in, block_in)
+    for level in reversed(range(levels)):
+        block_out = ch * mult[level]
+        for i in range(nrb + 1):
+            resblock(f"decoder.up.{level}.block.{i}", block_in, block_out)
+            block_in = block_out
+            if res in dd["attn_resolutions"]:
+                attn(f"decoder.up.{level}.attn.{i}", block_in)
+        if level != 0:
+            conv(f"decoder.up.{level}.upsample.conv", block_in, block_in, 3)
+            res *= 2
+    norm("decoder.norm_out", block_in)
+    conv("decoder.conv_out", block_in, dd["out_ch"], 3)
+    sd["quantize.embedding.weight"] = torch.randn(params["n_embed"], params["embed_dim"], generator=gen)
+    conv("post_quant_conv", params["embed_dim"], dd["z_channels"], 1)
+    # Parts a decoder must ignore.
+    conv("quant_conv", dd["z_channels"], params["embed_dim"], 1)
+    conv("encoder.conv_in", dd["in_channels"], ch, 3)
+    return sd
+
+
+def write_movqgan(path: Path, params: dict = TINY_MOVQ, seed: int = 0) -> Dict[str, torch.Tensor]:
+    """movqgan_270M.ckpt as ai-forever publishes it: the state dict itself, torch.save'd."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = movqgan_state(params, seed)
+    torch.save(state, path)
+    return state
+
+
+def build_lumina2(folder: Path, seed: int = 0) -> Path:
+    """Lumina-mGPT 2.0 as Alpha-VLLM/Lumina-mGPT-2.0 holds it, by its authors' code: their trainer's
+    save_pretrained of their Chameleon class (config keys of their ChameleonXLLMXConfig, q/k
+    LayerNorm rows [model_parallel_size = 1, head_dim], no model.vqmodel.* weights), an HF tokenizer
+    (tokenizer.json + tokenizer_config.json, no bos token: the authors' code then starts with eos),
+    and movqgan_270M.ckpt beside them (where this project tells users to put it). No pad token: the
+    authors' generate masks out every prompt token equal to the pad id, and with pad = <|endoftext|>
+    (the eos their prompt starts with when the tokenizer has no bos) it would hide that first token,
+    which their training shows the model (docs/models.md, "Lumina-mGPT 2.0")."""
+    from safetensors.torch import save_file
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = lumina2_vocabulary()
+    specials = [n for n in vocab if n.startswith("<")]
+    _word_level_tokenizer(vocab, specials).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>", "unk_token": "<unk>", "clean_up_tokenization_spaces": False,
+        "model_max_length": 131072}))
+    write_movqgan(folder / "movqgan_270M.ckpt", seed=seed)
+    config = ChameleonConfig(
+        vocab_size=LUMINA2_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=LUMINA2_HEADS, num_key_value_heads=LUMINA2_HEADS, max_position_embeddings=1024,
+        bos_token_id=151643, pad_token_id=None, eos_token_id=151643, vocabulary_map=vocab,
+    )
+    torch.manual_seed(seed)
+    model = ChameleonForConditionalGeneration(config).eval()
+    _peaked(model.lm_head.weight, model.model.embed_tokens.weight, head_scale=60.0)
+    gen = torch.Generator().manual_seed(seed + 1)
+    state = {}
+    for key, value in model.state_dict().items():
+        if key.startswith("model.vqmodel."):
+            continue  # the authors' trainer deletes the VQ model before saving
+        if key.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+            value = 1 + 0.3 * torch.randn(1, value.shape[1], generator=gen)  # [model_parallel_size, head_dim]
+        elif key.endswith(("self_attn.q_norm.bias", "self_attn.k_norm.bias")):
+            value = 0.2 * torch.randn(1, value.shape[1], generator=gen)
+        state[key] = value.detach().clone().contiguous()
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["ChameleonXLLMXForConditionalGeneration"], "model_type": "chameleon",
+        "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643, "dropout": 0.05,
+        "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": cfg.hidden_size, "initializer_range": 0.02,
+        "intermediate_size": cfg.intermediate_size, "mask_image_logits": False,
+        "max_position_embeddings": cfg.max_position_embeddings, "mlp_bias": False, "model_parallel_size": 1,
+        "num_attention_heads": cfg.num_attention_heads, "num_hidden_layers": cfg.num_hidden_layers,
+        "num_key_value_heads": cfg.num_key_value_heads, "pad_token_id": None, "qk_layernorm": True,
+        "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0, "swin_norm": False,
+        "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.46.2",
+        "use_cache": True, "vocab_size": LUMINA2_VOCAB, "z_loss_weight": 1e-05, "vocabulary_map": vocab,
+        "vq_config": {"embed_dim": 256, "num_embeddings": 8192, "double_latent": False, "latent_channels": 256,
+                      "resolution": 512, "in_channels": 3, "base_channels": 128,
+                      "channel_multiplier": [1, 1, 2, 2, 4], "num_res_blocks": 2, "attn_resolutions": None,
+                      "dropout": 0.0, "attn_type": "vanilla", "initializer_range": 0.02},
+    }, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 151643, "eos_token_id": 151643, "transformers_version": "4.46.2"}))
+    return folder
+
+
+BUILDERS = {"lumina_mgpt": build_lumina, "emu3": build_emu3, "janus": build_janus, "lumina_mgpt2": build_lumina2}
 # Every on-disk layout load_model must read (Lumina-mGPT in both of its layouts).
 LAYOUT_BUILDERS = {**BUILDERS, "lumina_mgpt_transformers": build_lumina_transformers}
 

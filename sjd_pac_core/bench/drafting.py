@@ -51,8 +51,12 @@ from .runner import load_prompts
 # name -> SamplerConfig changes on top of the model's defaults (method sjd_pac, window L).
 NO_SIDE = dict(tree_side_chain=0)  # the chain hangs off the main branch only
 PAPER_PD = dict(tree_every_pass=False, tree_first_width=None, **NO_SIDE)  # the paper's tree: after a rejection
+# The SJD Lumina-mGPT 2.0 ships (methods.LUMINA2_AUTHORS_SJD): window 16 whatever --window says,
+# random initial drafts; its rule is rejection (--rules rejection).
+LUMINA2_AUTHORS = "sjd@16, random drafts (Lumina-mGPT 2.0's own)"
 VARIANTS: Dict[str, dict] = {
     "sjd": dict(method="sjd"),
+    LUMINA2_AUTHORS: dict(method="sjd", window=16, init_proposal="uniform"),
     "pac (tree after a rejection)": dict(PAPER_PD),
     "pac, tree every pass": dict(tree_every_pass=True, tree_first_width=None, **NO_SIDE),
     "pac, every pass, first level 8": dict(tree_every_pass=True, tree_first_width=8, **NO_SIDE),

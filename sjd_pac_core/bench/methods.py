@@ -1,12 +1,14 @@
 """The benchmark's grid: which methods run, written as a small grammar.
 
     ar, sjd@32, sjd+pd@64, sjd+ac@32, sjd-pac@auto, generate, generate-static:compile,
-    sjd-pac@64:gumbel, ar:compile, sjd-pac@32:s0, sjd-pac@32:d2:f8, sjd-pac@64:b128
+    sjd-pac@64:gumbel, ar:compile, sjd-pac@32:s0, sjd-pac@32:d2:f8, sjd-pac@64:b128, sjd@16:random
 
 A row is a variant (plain AR, SJD, SJD with Proactive Drafting or Adaptive Continuation only,
 SJD-PAC, transformers' generate), a window L, and modifiers: a verification rule, compilation,
 a tree shape (depth, widths, side chain) or a node budget per pass (engine/budget.py chooses the
-tree). `MethodSpec.config` turns a row into the SamplerConfig it runs.
+tree), and random initial drafts (:random: positions new to the window drafted uniformly over the
+image codes, as the SJD that Lumina-mGPT 2.0 ships does). `MethodSpec.config` turns a row into
+the SamplerConfig it runs.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ AR_VARIANTS = ("ar", "generate", "generate-static")
 GENERATE_VARIANTS = ("generate", "generate-static")
 _RULES = ("rejection", "gumbel")
 _COMPILE = ("compile", "compiled")
+_RANDOM_DRAFTS = ("random", "uniform")
 _TREE_MODIFIER = re.compile(r"([dkfs])(\d+)|(b)(\d+|auto)")
 # modifier letter -> (MethodSpec / SamplerConfig field, label); one table for parse, key, label, config
 _TREE_KNOBS = {"d": ("tree_depth", "D"), "k": ("tree_width", "K"), "f": ("tree_first_width", "first K"),
@@ -50,12 +53,16 @@ _TREE_KNOBS = {"d": ("tree_depth", "D"), "k": ("tree_width", "K"), "f": ("tree_f
 
 # Issue 13's honest baselines: transformers' generate (dynamic cache; static cache; static cache +
 # torch.compile), our AR, SJD and SJD-PAC, each eager and compiled (SamplerConfig(compile=True)).
+# The speculative decoding Lumina-mGPT 2.0 ships (its generate_examples/jacobi_utils_static.py, as
+# its generate.py calls it): SJD with a 16-token window, random initial drafts, rejection sampling.
+LUMINA2_AUTHORS_SJD = "sjd@16:rejection:random"
 BASELINE_METHODS = ("generate,generate-static,generate-static:compile,ar,ar:compile,sjd@16,sjd@16:compile,"
                     "sjd-pac@32,sjd-pac@32:compile")
 # Issue 15's rule ablation (rejection vs gumbel), as --variants/--windows/--rules give it.
 RULE_VARIANTS = ("sjd", "sjd+ac", "sjd+pd", "sjd-pac")
 RULE_WINDOWS = ("16", "32", "64", "auto")
-PRESETS = {"paper": DEFAULT_METHODS, "baselines": BASELINE_METHODS}
+PRESETS = {"paper": DEFAULT_METHODS, "baselines": BASELINE_METHODS,
+           "lumina2": f"ar,{LUMINA2_AUTHORS_SJD},sjd-pac@64"}  # theirs against our default
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ class MethodSpec:
     tree_first_width: Optional[int] = None  # :fF (f0: the first level as wide as the others)
     tree_side_chain: Optional[int] = None  # :sS (s0: no side chains, fewer nodes per pass)
     node_budget: Union[int, str, None] = None  # :bB, :bauto (nodes per pass; the window L caps the chain)
+    random_drafts: bool = False  # :random (init_proposal "uniform")
 
     def _tree_knobs(self) -> List[Tuple[str, str, str, int]]:
         """(modifier letter, field, label, value) of every tree knob this row sets."""
@@ -85,7 +93,8 @@ class MethodSpec:
     @property
     def key(self) -> str:
         key = self.variant if self.window is None else f"{self.variant}@{self.window}"
-        return key + (f":{self.verify}" if self.verify else "") + (":compile" if self.compiled else "") + self.tree_text
+        return (key + (f":{self.verify}" if self.verify else "") + (":compile" if self.compiled else "")
+                + self.tree_text + (":random" if self.random_drafts else ""))
 
     @property
     def label(self) -> str:
@@ -96,7 +105,7 @@ class MethodSpec:
             knobs = [knob for knob in knobs if knob[1] == "node_budget"]
         tree = ", ".join(f"{label}={value}" for _, _, label, value in knobs)
         return (name + (f", {self.verify}" if self.verify else "") + (", compiled" if self.compiled else "")
-                + (f", {tree}" if tree else ""))
+                + (f", {tree}" if tree else "") + (", random drafts" if self.random_drafts else ""))
 
     @property
     def is_ar(self) -> bool:
@@ -116,6 +125,8 @@ class MethodSpec:
             changes["verify"] = self.verify
         # generate rows compile through transformers (bench/baselines.py), not through our engine
         changes["compile"] = self.compiled and not self.is_generate
+        if self.random_drafts:
+            changes["init_proposal"] = "uniform"
         for _, name, _, value in self._tree_knobs():
             # f0 asks for no separate first-level width (None in SamplerConfig)
             changes[name] = None if name == "tree_first_width" and value == 0 else value
@@ -128,7 +139,8 @@ def parse_method(text: str) -> MethodSpec:
     a verification rule (rejection, gumbel), compile and a tree shape: dD (depth), kK (width), fF
     (first level's width; f0 = as wide as the others), sS (side chain; s0 = none), e.g.
     'sjd-pac@32:d2:f8', or a node budget bB / bauto (nodes per pass; the window L then caps the
-    main chain), e.g. 'sjd-pac@64:b128'."""
+    main chain), e.g. 'sjd-pac@64:b128', and random (initial drafts uniform over the image codes,
+    e.g. 'sjd@16:random')."""
     head, *modifiers = text.strip().lower().split(":")
     name, _, window = head.partition("@")
     name = _ALIASES.get(name, name)
@@ -137,7 +149,7 @@ def parse_method(text: str) -> MethodSpec:
             f"Unknown method {text!r} in --methods; use ar, generate, generate-static, sjd@L, sjd+pd@L, "
             "sjd+ac@L or sjd-pac@L (L an integer or auto), optionally with :gumbel / :rejection / :compile, "
             "comma-separated.")
-    verify, compiled = None, False
+    verify, compiled, random_drafts = None, False, False
     tree: dict = {}
     for modifier in modifiers:
         shape = _TREE_MODIFIER.fullmatch(modifier)
@@ -148,9 +160,12 @@ def parse_method(text: str) -> MethodSpec:
             verify = modifier
         elif modifier in _COMPILE and not compiled:
             compiled = True
+        elif modifier in _RANDOM_DRAFTS and not random_drafts:
+            random_drafts = True
         else:
             raise ValueError(f"Modifier {modifier!r} in {text!r}: use at most one of :rejection / :gumbel, "
-                             ":compile, a tree shape :dD / :kK / :fF / :sS and a node budget :bB / :bauto.")
+                             ":compile, a tree shape :dD / :kK / :fF / :sS, a node budget :bB / :bauto and "
+                             ":random.")
     if tree and name not in ("sjd+pd", "sjd-pac"):
         raise ValueError(f"{text!r}: a tree shape or budget (:d / :k / :f / :s / :b) needs a method with a tree, "
                          "sjd+pd or sjd-pac.")
@@ -160,6 +175,9 @@ def parse_method(text: str) -> MethodSpec:
     if name in AR_VARIANTS:
         if window:
             raise ValueError(f"{_VARIANTS[name][3]} has no window; write {name!r}, not {text!r}.")
+        if random_drafts:
+            raise ValueError(f"{_VARIANTS[name][3]} drafts nothing; :random applies to sjd, sjd+pd, sjd+ac and "
+                             f"sjd-pac, not {text!r}.")
         return MethodSpec(name, None, verify, compiled, **tree)
     if not window:
         raise ValueError(f"Method {text!r} needs a window, e.g. {name}@32 or {name}@auto.")
@@ -170,7 +188,7 @@ def parse_method(text: str) -> MethodSpec:
             raise ValueError(f"Window in {text!r} must be an integer or 'auto'.") from None
         if window < 1:
             raise ValueError(f"Window in {text!r} must be >= 1.")
-    return MethodSpec(name, window, verify, compiled, **tree)
+    return MethodSpec(name, window, verify, compiled, random_drafts=random_drafts, **tree)
 
 
 def parse_methods(text: str) -> List[MethodSpec]:
@@ -245,7 +263,9 @@ def method_key(config: SamplerConfig, base: SamplerConfig) -> str:
     tree = {name: 0 if name == "tree_first_width" and getattr(config, name) is None else getattr(config, name)
             for name, _ in _TREE_KNOBS.values() if has_tree and getattr(config, name) != getattr(base, name)}
     spec = MethodSpec(variant, None if variant in AR_VARIANTS else config.window,
-                      verify=config.verify if config.verify != base.verify else None, compiled=config.compile, **tree)
+                      verify=config.verify if config.verify != base.verify else None, compiled=config.compile,
+                      random_drafts=(variant not in AR_VARIANTS and config.init_proposal == "uniform"
+                                     and base.init_proposal != "uniform"), **tree)
     row = spec.config(base.with_(**{name: getattr(config, name) for name in RECIPE_FIELDS}))
     rest = [f":{f.name}={getattr(config, f.name)}" for f in fields(SamplerConfig)
             if getattr(config, f.name) != getattr(row, f.name)

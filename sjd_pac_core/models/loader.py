@@ -40,6 +40,8 @@ DEMO_FOLDER = Path(__file__).resolve().parent.parent / "demo" / "weights"
 # `load(folder, config, dtype, device) -> ARImageModel`. A new family is one line here.
 FAMILIES: Dict[str, str] = {
     "demo": "sjd_pac_core.models.demo:DemoImageModel",
+    # before lumina_mgpt: both are Chameleon configs, Lumina-mGPT 2.0's has the larger vocabulary
+    "lumina_mgpt2": "sjd_pac_core.models.lumina_mgpt2:LuminaMGPT2ImageModel",
     "lumina_mgpt": "sjd_pac_core.models.lumina_mgpt:LuminaMGPTImageModel",
     "emu3": "sjd_pac_core.models.emu3:Emu3ImageModel",
     "janus": "sjd_pac_core.models.janus:JanusImageModel",
@@ -176,7 +178,7 @@ def detect_family(folder: Path, config: dict) -> str:
         raise ModelLoadError(f"{folder} holds {OTHER_FORMATS[model_type]}")
     raise ModelLoadError(
         f"{folder} holds a '{model_type}' model, which sjd-pac does not support; supported are "
-        "Lumina-mGPT (chameleon), Emu3 (emu3), Janus-Pro (janus) and the bundled demo model."
+        "Lumina-mGPT and Lumina-mGPT 2.0 (chameleon), Emu3 (emu3), Janus-Pro (janus) and the bundled demo model."
     )
 
 
@@ -401,6 +403,10 @@ def folder_resolutions(path: Union[str, os.PathLike]) -> Tuple[str, Optional[Tup
         from .lumina_mgpt import default_sizes
 
         return family, tuple(f"{w}x{h}" for w, h in sizes.trained_sizes(default_sizes(folder)[0]))
+    if family == "lumina_mgpt2":
+        from .lumina_mgpt2 import trained_resolutions
+
+        return family, trained_resolutions()
     if family == "emu3":
         from .emu3 import DEFAULT_IMAGE_AREA
 

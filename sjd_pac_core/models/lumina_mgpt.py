@@ -309,10 +309,11 @@ class LuminaMGPTImageModel(ARImageModel):
     @staticmethod
     def load_chameleon(
         folder: Path, config: dict, dtype: torch.dtype, device: torch.device, options: Optional[LoadOptions] = None,
-        prepare=None,
+        prepare=None, repo_hint: str = REPO_HINT,
     ) -> ChameleonForConditionalGeneration:
         """The weights in either layout: transformers' ([heads, head_dim] q/k norms) or Lumina-mGPT's
-        own ([model_parallel_size, head_dim], expanded over the heads here)."""
+        own ([model_parallel_size, head_dim], expanded over the heads here). repo_hint names the
+        repository to download again (Lumina-mGPT 2.0 loads through here too)."""
         rows = qk_norm_rows(folder)
         heads = int(config.get("num_attention_heads", 0) or 0)
         kv_heads = int(config.get("num_key_value_heads", heads) or heads)
@@ -320,7 +321,7 @@ class LuminaMGPTImageModel(ARImageModel):
         if rows <= 0 or heads % rows or kv_heads % rows:
             raise ModelLoadError(
                 f"The q/k LayerNorm weights in {folder} have {rows} rows, which divides neither "
-                f"{heads} attention heads nor {kv_heads} key/value heads; download the checkpoint of {REPO_HINT} again."
+                f"{heads} attention heads nor {kv_heads} key/value heads; download the checkpoint of {repo_hint} again."
             )
         model = load_pretrained(LuminaLayoutChameleon.with_qk_rows(rows), folder, dtype, device, options, prepare=prepare)
         model.expand_qk_norms()

@@ -33,6 +33,13 @@ PUBLISHED: Dict[str, Tuple[str, dict]] = {
                         "num_hidden_layers": 30, "num_attention_heads": 32, "num_key_value_heads": 32},
         "vq_config": {"num_embeddings": 16384, "embed_dim": 8, "projection_dim": 4096, "image_token_embed_dim": 4096},
     }),
+    # Lumina-mGPT 2.0: Chameleon-7B's widths (the 15 GB bf16 download holds 7.9e9 parameters); the
+    # vocabulary must reach past the MoVQGAN codes at ids 155,000..171,383 - 172,032 is assumed here
+    # (the repository's config.json was not at hand); only the CPU-side embedding table depends on it.
+    "lumina_mgpt2": ("Alpha-VLLM/Lumina-mGPT-2.0", {
+        "model_type": "chameleon", "vocab_size": 172032, "hidden_size": 4096, "intermediate_size": 11008,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+    }),
 }
 # Rows of the table: (family, checkpoint folder name, resolution); Lumina-mGPT has one checkpoint per size.
 TABLE_ROWS: Tuple[Tuple[str, str, str], ...] = (
@@ -41,6 +48,9 @@ TABLE_ROWS: Tuple[Tuple[str, str, str], ...] = (
     ("lumina_mgpt", "Lumina-mGPT-7B-1024", "1024x1024"),
     ("emu3", "Emu3-Gen-hf", "720x720"),
     ("janus", "Janus-Pro-7B", "384x384"),
+    # One checkpoint; 1024x1024 is not among its sizes (16,513 tokens, past the 10,240 its authors' generate allows).
+    ("lumina_mgpt2", "Lumina-mGPT-2.0", "512x512"),
+    ("lumina_mgpt2", "Lumina-mGPT-2.0", "768x768"),
 )
 
 

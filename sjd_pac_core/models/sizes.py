@@ -12,6 +12,9 @@ from typing import Dict, Tuple
 PIXELS_PER_GRID = 32  # Lumina-mGPT's patch: one size token per 32 pixels (2 codes)
 MAX_ASPECT_RATIO = 4.0  # Lumina-mGPT's crop-size rule
 LUMINA_TARGETS = (512, 768, 1024)  # Alpha-VLLM/Lumina-mGPT-7B-512 / -768 / -1024
+# Alpha-VLLM/Lumina-mGPT-2.0: one checkpoint; the sizes at the README's 768 px area, then at 512
+# (the target its inference solver defaults to).
+LUMINA2_TARGETS = (768, 512)
 # Emu3's five ratios at its default area 720*720 (Emu3Processor.calculate_generate_size, 8 px per
 # token); a checkpoint with another `image_area` gets its own (tests check these).
 EMU3_RESOLUTIONS = ("720x720", "832x624", "624x832", "960x544", "544x960")
@@ -41,8 +44,11 @@ def family_resolutions() -> Dict[str, Tuple[str, ...]]:
     lumina: Dict[str, None] = {}
     for target in LUMINA_TARGETS:
         lumina.update(dict.fromkeys(f"{w}x{h}" for w, h in trained_sizes(target)))
+    lumina2: Dict[str, None] = {}
+    for target in LUMINA2_TARGETS:
+        lumina2.update(dict.fromkeys(f"{w}x{h}" for w, h in trained_sizes(target)))
     return {"demo": DEMO_RESOLUTIONS, "janus": JANUS_RESOLUTIONS, "emu3": EMU3_RESOLUTIONS,
-            "lumina_mgpt": tuple(lumina)}
+            "lumina_mgpt": tuple(lumina), "lumina_mgpt2": tuple(lumina2)}
 
 
 def known_resolutions() -> Tuple[str, ...]:

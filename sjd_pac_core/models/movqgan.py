@@ -1,0 +1,306 @@
+"""The MoVQGAN decoder (codes -> pixels) of Lumina-mGPT 2.0, written for sjd-pac.
+
+Lumina-mGPT 2.0 tokenizes images with ai-forever's MoVQGAN-270M (`movqgan_270M.ckpt`, 16384 codes of
+4 channels, 8x downsampling). MoVQ's decoder is a taming-style decoder whose every normalisation is
+a "spatial norm": GroupNorm of the features, then a scale and a shift computed by 1x1 convolutions
+from the quantized codes (nearest-upsampled to the features' size). This module rebuilds only what
+decoding needs - the codebook (`quantize.embedding`), `post_quant_conv` and the `decoder.*` tree -
+under the checkpoint's own parameter names, so its state dict loads key for key. The shape (widths
+per level, blocks per level, which levels attend) is read from the checkpoint's keys, so the
+published 270M file and the tests' tiny one load the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import nn
+
+
+class MoVQLoadError(ValueError):
+    """movqgan_270M.ckpt cannot be used; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class MoVQConfig:
+    """The decoder's shape: level i (0 = finest) has `channels[i]` features, `blocks` residual
+    blocks, and attention after each block where i is in `attention_levels`."""
+
+    n_embed: int
+    embed_dim: int
+    z_channels: int
+    channels: Tuple[int, ...]
+    blocks: int
+    attention_levels: Tuple[int, ...]
+    out_channels: int = 3
+
+    @property
+    def downsample(self) -> int:
+        """Pixels per code along each side (8 for MoVQGAN-270M)."""
+        return 2 ** (len(self.channels) - 1)
+
+    @classmethod
+    def from_state_dict(cls, state: Dict[str, torch.Tensor]) -> "MoVQConfig":
+        """The shape the decoder keys of a MoVQGAN state dict describe (KeyError if one is absent)."""
+        levels = sorted({int(m.group(1)) for k in state if (m := re.match(r"decoder\.up\.(\d+)\.", k))})
+        blocks = len({m.group(1) for k in state if (m := re.match(r"decoder\.up\.0\.block\.(\d+)\.", k))})
+        n_embed, embed_dim = state["quantize.embedding.weight"].shape
+        return cls(
+            n_embed=int(n_embed), embed_dim=int(embed_dim),
+            z_channels=int(state["decoder.conv_in.weight"].shape[1]),
+            channels=tuple(int(state[f"decoder.up.{i}.block.0.conv2.weight"].shape[0]) for i in levels),
+            blocks=blocks,
+            attention_levels=tuple(i for i in levels if f"decoder.up.{i}.attn.0.q.weight" in state),
+            out_channels=int(state["decoder.conv_out.weight"].shape[0]),
+        )
+
+
+# ai-forever's MoVQGAN-270M (ch 256, ch_mult 1 2 2 4, 2 residual blocks + 1 per level, attention at
+# the nominal resolution 32 = the coarsest level), for memory plans made without the file.
+MOVQGAN_270M = MoVQConfig(n_embed=16384, embed_dim=4, z_channels=4, channels=(256, 512, 512, 1024), blocks=3,
+                          attention_levels=(3,))
+
+
+class _SpatialNorm(nn.Module):
+    """GroupNorm(f) * conv_y(zq) + conv_b(zq), zq resized to f by nearest neighbours (MoVQ)."""
+
+    def __init__(self, channels: int, zq_channels: int) -> None:
+        super().__init__()
+        self.norm_layer = nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
+        self.conv_y = nn.Conv2d(zq_channels, channels, 1)
+        self.conv_b = nn.Conv2d(zq_channels, channels, 1)
+
+    def forward(self, f: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
+        zq = F.interpolate(zq, size=f.shape[-2:], mode="nearest")
+        return self.norm_layer(f) * self.conv_y(zq) + self.conv_b(zq)
+
+
+class _ResnetBlock(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int, zq_channels: int) -> None:
+        super().__init__()
+        self.norm1 = _SpatialNorm(in_channels, zq_channels)
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
+        self.norm2 = _SpatialNorm(out_channels, zq_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
+        # A 1x1 projection on the skip path only where the width changes (taming's nin_shortcut).
+        self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1) if in_channels != out_channels else None
+
+    def forward(self, x: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x, zq)))
+        h = self.conv2(F.silu(self.norm2(h, zq)))
+        skip = x if self.nin_shortcut is None else self.nin_shortcut(x)
+        return skip + h
+
+
+class _AttnBlock(nn.Module):
+    """Single-head self-attention over all pixels, with 1x1-conv projections."""
+
+    def __init__(self, channels: int, zq_channels: int) -> None:
+        super().__init__()
+        self.norm = _SpatialNorm(channels, zq_channels)
+        self.q = nn.Conv2d(channels, channels, 1)
+        self.k = nn.Conv2d(channels, channels, 1)
+        self.v = nn.Conv2d(channels, channels, 1)
+        self.proj_out = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
+        b, c, height, width = x.shape
+        h = self.norm(x, zq)
+
+        def tokens(t: torch.Tensor) -> torch.Tensor:  # [B, C, H, W] -> [B, 1, HW, C]
+            return t.reshape(b, c, height * width).transpose(1, 2).unsqueeze(1)
+
+        # softmax(q k^T / sqrt(C)) v; SDPA never materialises the HW x HW scores on a GPU (96 x 96
+        # codes at 768 px: 85M of them).
+        out = F.scaled_dot_product_attention(tokens(self.q(h)), tokens(self.k(h)), tokens(self.v(h)))
+        out = out.squeeze(1).transpose(1, 2).reshape(b, c, height, width)
+        return x + self.proj_out(out)
+
+
+class _Upsample(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class _Decoder(nn.Module):
+    """conv_in -> mid (res, attn, res) -> up levels (coarsest first) -> norm_out -> conv_out, every
+    norm conditioned on the codes."""
+
+    def __init__(self, cfg: MoVQConfig) -> None:
+        super().__init__()
+        zq = cfg.embed_dim
+        block_in = cfg.channels[-1]
+        self.conv_in = nn.Conv2d(cfg.z_channels, block_in, 3, padding=1)
+        self.mid = nn.Module()
+        self.mid.block_1 = _ResnetBlock(block_in, block_in, zq)
+        self.mid.attn_1 = _AttnBlock(block_in, zq)
+        self.mid.block_2 = _ResnetBlock(block_in, block_in, zq)
+        # up[i] is level i (0 the finest), built coarsest first as the checkpoint's names run.
+        ups: Dict[int, nn.Module] = {}
+        for level in reversed(range(len(cfg.channels))):
+            up = nn.Module()
+            up.block = nn.ModuleList()
+            up.attn = nn.ModuleList()
+            for _ in range(cfg.blocks):
+                up.block.append(_ResnetBlock(block_in, cfg.channels[level], zq))
+                block_in = cfg.channels[level]
+                if level in cfg.attention_levels:
+                    up.attn.append(_AttnBlock(block_in, zq))
+            if level != 0:
+                up.upsample = _Upsample(block_in)
+            ups[level] = up
+        self.up = nn.ModuleList([ups[level] for level in range(len(cfg.channels))])
+        self.norm_out = _SpatialNorm(block_in, zq)
+        self.conv_out = nn.Conv2d(block_in, cfg.out_channels, 3, padding=1)
+
+    def forward(self, z: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
+        h = self.conv_in(z)
+        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h, zq), zq), zq)
+        for level in reversed(range(len(self.up))):
+            up = self.up[level]
+            for i, block in enumerate(up.block):
+                h = block(h, zq)
+                if len(up.attn) > 0:
+                    h = up.attn[i](h, zq)
+            if level != 0:
+                h = up.upsample(h)
+        return self.conv_out(F.silu(self.norm_out(h, zq)))
+
+
+class MoVQDecoder(nn.Module):
+    """Codes [B, H, W] -> pixels [B, 3, H*f, W*f] in about [-1, 1] (f = cfg.downsample)."""
+
+    def __init__(self, cfg: MoVQConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.quantize = nn.Module()
+        self.quantize.embedding = nn.Embedding(cfg.n_embed, cfg.embed_dim)
+        self.post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.z_channels, 1)
+        self.decoder = _Decoder(cfg)
+
+    @property
+    def downsample(self) -> int:
+        return self.config.downsample
+
+    @torch.inference_mode()
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        weight = self.quantize.embedding.weight
+        zq = F.embedding(codes.to(weight.device), weight).permute(0, 3, 1, 2).contiguous()
+        return self.decoder(self.post_quant_conv(zq), zq)
+
+
+def pixels_to_pil_rounded(pixels: torch.Tensor) -> List[Image.Image]:
+    """[B, 3, H, W] in about [-1, 1] -> PIL images: (x + 1) * 127.5 rounded and clamped to 0..255 in
+    float32, as Lumina-mGPT 2.0's own code converts its decoder's output (rounding, where Meta's
+    Chameleon code truncates)."""
+    scaled = ((pixels.detach().float().cpu() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
+    arrays = scaled.permute(0, 2, 3, 1).numpy()
+    return [Image.fromarray(np.ascontiguousarray(a)) for a in arrays]
+
+
+# Re-saves a trusted movqgan_270M.ckpt's tensors as movqgan_270M.safetensors (run in its folder).
+CONVERT_COMMAND = (
+    "python -c \"import torch; from safetensors.torch import save_file; "
+    "sd = torch.load('movqgan_270M.ckpt', weights_only=False); sd = sd.get('state_dict', sd); "
+    "save_file({k: v.contiguous() for k, v in sd.items()}, 'movqgan_270M.safetensors')\""
+)
+DECODER_KEYS = ("decoder.", "post_quant_conv.", "quantize.embedding.")
+
+
+def read_decoder_state(weights_path: Path) -> Dict[str, torch.Tensor]:
+    """The decoder's tensors from movqgan_270M.safetensors or movqgan_270M.ckpt, never unpickling an
+    object: the .ckpt is read with torch's weights-only loader (memory-mapped, so the encoder and
+    any other tensors in it are never read into memory); a file holding other Python objects is
+    refused with the command that re-saves its tensors as safetensors."""
+    if weights_path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        from .checks import ModelLoadError, check_safetensors
+
+        try:
+            check_safetensors(weights_path)
+            with safe_open(str(weights_path), framework="pt") as f:
+                return {k: f.get_tensor(k) for k in f.keys() if k.startswith(DECODER_KEYS)}
+        except ModelLoadError as exc:
+            raise MoVQLoadError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type
+            raise MoVQLoadError(
+                f"{weights_path} cannot be read ({type(exc).__name__}); convert movqgan_270M.ckpt to it again."
+            ) from None
+    try:
+        try:
+            blob = torch.load(weights_path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            blob = torch.load(weights_path, map_location="cpu", weights_only=True)  # the legacy format
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure lands here
+        if "weights_only" in str(exc) or "Weights only" in str(exc) or "Unsupported" in str(exc):
+            raise MoVQLoadError(
+                f"{weights_path} holds Python objects besides tensors, which sjd-pac never unpickles because a "
+                "crafted file could run code; download movqgan_270M.ckpt from ai-forever/MoVQGAN again (plain "
+                f"tensors), or, only if you trust this file, re-save its tensors in its folder with "
+                f"`{CONVERT_COMMAND}` (movqgan_270M.safetensors is then read instead)."
+            ) from None
+        raise MoVQLoadError(
+            f"{weights_path} cannot be read ({type(exc).__name__}); it is probably truncated - download "
+            "movqgan_270M.ckpt from ai-forever/MoVQGAN again."
+        ) from None
+    # ai-forever's file is the state dict itself (their loader passes it to load_state_dict); a
+    # training checkpoint keeps it under "state_dict".
+    state = blob.get("state_dict", blob) if isinstance(blob, dict) else None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise MoVQLoadError(f"{weights_path} holds no state dict of tensors; download movqgan_270M.ckpt again.")
+    return {k: v for k, v in state.items() if k.startswith(DECODER_KEYS)}
+
+
+def movq_config_of(weights_path: Path) -> MoVQConfig:
+    """The decoder shape a MoVQGAN file holds (its keys and shapes; tensors are mapped, not read)."""
+    return _config_from(read_decoder_state(weights_path), weights_path)
+
+
+def _config_from(state: Dict[str, torch.Tensor], weights_path: Path) -> MoVQConfig:
+    try:
+        return MoVQConfig.from_state_dict(state)
+    except (KeyError, ValueError):
+        raise MoVQLoadError(
+            f"{weights_path} is not a MoVQGAN checkpoint (it has no MoVQ decoder weights such as "
+            "decoder.conv_in.weight and quantize.embedding.weight); download movqgan_270M.ckpt from "
+            "ai-forever/MoVQGAN."
+        ) from None
+
+
+def load_movq_decoder(weights_path: Path, device: torch.device, dtype: torch.dtype = torch.float32) -> MoVQDecoder:
+    """The decoder of a MoVQGAN checkpoint, its shape read from the keys; a missing, surplus or
+    mis-shaped decoder key (another VQ model's file, a damaged one) is one sentence."""
+    state = read_decoder_state(weights_path)
+    cfg = _config_from(state, weights_path)
+    with torch.device("meta"):
+        model = MoVQDecoder(cfg)
+    expected = model.state_dict()
+    missing, surplus = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or surplus:
+        detail = f"missing {missing[:3]}" if missing else f"unexpected {surplus[:3]}"
+        raise MoVQLoadError(
+            f"{weights_path} is not a MoVQGAN decoder sjd-pac can read ({detail}); download movqgan_270M.ckpt "
+            "from ai-forever/MoVQGAN again."
+        )
+    for key, tensor in expected.items():
+        if tuple(state[key].shape) != tuple(tensor.shape):
+            raise MoVQLoadError(
+                f"{weights_path} is damaged ({key} has shape {tuple(state[key].shape)}, expected "
+                f"{tuple(tensor.shape)}); download movqgan_270M.ckpt from ai-forever/MoVQGAN again."
+            )
+    model.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True)
+    return model.to(device=device, dtype=dtype).eval()

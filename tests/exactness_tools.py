@@ -823,7 +823,8 @@ FAULTS = {
     "padding_columns_unmasked": ("sjd_pac_core.sampling.tree", "tree_attention_mask", _padding_unmasked),
     "auto_window_always_1": ("sjd_pac_core.engine.window", "AutoWindow.next_window", _always_window_1),
     "side_chain_main_context": ("sjd_pac_core.sampling.tree", "tree_layout", _side_chain_main_context),
-    "branch_behind_side_main_context": ("sjd_pac_core.sampling.tree", "tree_layout", _branch_behind_side_main_context),
+    # a budget's tree is laid out afresh every pass (build_layout, not the cached tree_layout)
+    "branch_behind_side_main_context": ("sjd_pac_core.sampling.tree", "build_layout", _branch_behind_side_main_context),
     "chain_siblings_uniform": ("sjd_pac_core.sampling.rules", "RejectionRule.chain_candidates", _uniform_chain_siblings),
     "all_slots_valid": ("sjd_pac_core.sampling.verify", "candidate_validity", _all_slots_valid),
     "uncond_row_deep_positions": ("sjd_pac_core.sampling.tree", "tree_position_ids", _uncond_row_deep_positions),

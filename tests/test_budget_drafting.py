@@ -262,6 +262,17 @@ def test_ranked_tree_adds_nodes_in_the_greedys_order():
     assert compared >= 10
 
 
+def test_top_ranked_is_a_stable_sort_cut_to_the_count():
+    """The partition-then-sort pick equals a full stable sort by value, cut to `count`, on
+    values with many ties (at the cut too), every count from none to all."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        value = rng.integers(-3, 4, size=int(rng.integers(1, 40))) / 2.0  # few distinct values: ties everywhere
+        full = np.lexsort((np.arange(value.size), -value))
+        for count in range(value.size + 2):
+            assert bd.top_ranked(value, count).tolist() == full[:count].tolist()
+
+
 @pytest.mark.timeout(60)  # a loop that never ends fails here by name, long before the suite's limit
 def test_greedy_tree_ends_at_every_budget_up_to_past_the_nodes_there_are():
     """Three positions of two slots hold 14 nodes: every budget from 1 to one past that gives a

@@ -381,7 +381,7 @@ def ranked_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width:
         values.append(above_value.ravel())
         chances.append(above_chance.ravel())
     value = np.concatenate(values)
-    order = np.lexsort((np.arange(value.size), -value))[:budget]  # prerequisites come first in the superset
+    order = top_ranked(value, budget)
     order = order[value[order] > 0]
     # The tree's main chain and each position row's width, from the chosen indices: main-chain
     # nodes are the first `window` of the superset, a side candidate (j, s) widens row j to s + 1.
@@ -390,6 +390,22 @@ def ranked_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width:
     np.maximum.at(widths, sides // max(width - 1, 1), sides % max(width - 1, 1) + 2)
     return BudgetTree(tuple(superset_paths(order, window, width - 1)), len(widths), tuple(widths.tolist()),
                       tuple(np.cumsum(np.concatenate(chances)[order]).tolist()))
+
+
+def top_ranked(value: np.ndarray, count: int) -> np.ndarray:
+    """The indices of the `count` largest values, largest first, the lower index first on ties
+    (a stable sort by -value, cut to `count`): the few above the count-th value and the lowest
+    indices at it are picked by a partition, then only they are sorted (the superset holds
+    thousands of nodes, a pass keeps a few hundred)."""
+    if count >= value.size:
+        return np.lexsort((np.arange(value.size), -value))
+    if count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    threshold = np.partition(value, value.size - count)[value.size - count]  # the count-th largest
+    above = np.flatnonzero(value > threshold)
+    at = np.flatnonzero(value == threshold)[: count - above.size]  # the lowest indices at the threshold
+    picked = np.concatenate([above, at])
+    return picked[np.lexsort((picked, -value[picked]))]
 
 
 def superset_paths(nodes: np.ndarray, window: int, sides: int) -> List[Path]:

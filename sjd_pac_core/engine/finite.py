@@ -37,17 +37,24 @@ class NonFiniteError(ValueError):
         return NonFiniteError(self.position, self.num_tokens, self.cause, f" (row {row}, column {col})")
 
 
+def non_finite_rows(p: torch.Tensor) -> torch.Tensor:
+    """bool [S]: the rows of p [S, V] (probabilities) that hold a NaN or inf. One reduction: a
+    row's sum is non-finite exactly when an entry is (entries are at most 1, so finite ones
+    cannot overflow), where isfinite would write and reduce a whole [S, V] mask."""
+    return ~torch.isfinite(p.sum(-1))
+
+
 def first_non_finite(p: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """long [1] on p's device: the smallest position whose row of p [S, V] holds a NaN or inf,
     or -1. No host sync: it travels with the pass's decisions."""
     beyond = torch.iinfo(torch.long).max
-    at = torch.where(~torch.isfinite(p).all(-1), positions, beyond).min()
+    at = torch.where(non_finite_rows(p), positions, beyond).min()
     return torch.where(at == beyond, -1, at).reshape(1)
 
 
 def non_finite_row(p: torch.Tensor, positions: torch.Tensor, position: int) -> int:
     """The first row of p at `position` that is not finite (host reads: the run is ending)."""
-    bad = (~torch.isfinite(p).all(-1)) & (positions == position)
+    bad = non_finite_rows(p) & (positions == position)
     return int(bad.nonzero()[0, 0])
 
 

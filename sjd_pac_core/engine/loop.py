@@ -32,7 +32,7 @@ from ..sampling.constraint_table import ConstraintTable
 from ..sampling.drafting import adaptive_continuation
 from ..sampling.recipe import SamplingRecipe, TokenConstraints, process
 from ..sampling.rules import NodeChildren
-from ..sampling.tree import TreeLayout, layout_bytes, tree_layout
+from ..sampling.tree import TreeLayout, build_layout, layout_bytes, tree_layout
 from ..transfer import copy_to_device, to_device
 from . import drafters
 from .drafters import Draft, DraftContext, PassReport
@@ -319,7 +319,7 @@ class _Decoder:
             target = self._window_target(state.num_committed)
             self.rule.prepare(state.num_committed)
             carried = continuation(layout, decisions, outcome, last_depth)
-            report = PassReport(start=n, num_committed=state.num_committed, target=target, draft=plan.draft,
+            report = PassReport(start=n, num_committed=state.num_committed, target=target, draft=plan.draft, layout=layout,
                                 node_tokens=plan.tokens[: layout.num_nodes], children=plan.children,
                                 outcome=outcome, decisions=decisions, verdict=verdict,
                                 proposal_logits=logits[:, carried.proposal],
@@ -383,7 +383,12 @@ class _Decoder:
         envelope = 1 + self._envelope_window(max(self.window_policy.next_window(), len(window))) + side
         if draft.nodes:  # a budget drafter pads every pass to its budget
             envelope = 1 + draft.nodes
-        shape = pass_shape(tree_layout(draft.shape), levels, width, len(window), envelope, self.device)
+        if draft.nodes and tree is not None:
+            # A budget's tree is new nearly every pass (it follows the acceptance counts): hashing
+            # and weighing it for the caches took longer than building it.
+            shape = PassShape.build(build_layout(draft.shape), levels, width, len(window), envelope, self.device)
+        else:
+            shape = pass_shape(tree_layout(draft.shape), levels, width, len(window), envelope, self.device)
         root, pad = state.root_token, state.root_token.new_zeros(1)
         real = torch.ones(1, dtype=torch.bool, device=self.device)
         if tree is not None:

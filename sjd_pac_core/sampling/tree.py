@@ -193,30 +193,37 @@ def ancestor_mask(parents: np.ndarray) -> np.ndarray:
     return attend
 
 
-@bounded_by_bytes(64 * MIB, max_entries=512, weigh=layout_bytes)
-def tree_layout(shape: TreeShape) -> TreeLayout:
-    """The layout of a shape (cached: a run uses a handful of shapes, and kept up to 64 MiB)."""
+def build_layout(shape: TreeShape) -> TreeLayout:
+    """The layout of a shape, built afresh (`tree_layout` keeps the ones a run meets again)."""
     index: Dict[Path, int] = {(): 0}
     for path in shape.paths:
         index[path] = len(index)
     n = len(index)
     parents = np.fromiter((index[p[:-1]] for p in shape.paths), dtype=np.int64, count=n - 1)
     parents = np.concatenate([np.full(1, -1, dtype=np.int64), parents])
-    depths = [0] + [len(p) for p in shape.paths]
-    slots = [0] + [p[-1] for p in shape.paths]
+    depths = np.zeros(n, dtype=np.int64)
+    depths[1:] = np.fromiter(map(len, shape.paths), dtype=np.int64, count=n - 1)
+    slots = np.zeros(n, dtype=np.int64)
+    slots[1:] = np.fromiter((p[-1] for p in shape.paths), dtype=np.int64, count=n - 1)
     # children by slot: a shape's children of one parent are its slots 0..k-1 (TreeShape.check)
-    order = np.lexsort((np.asarray(slots), parents))[1:].tolist()  # by parent, then slot; the root first
+    order = np.lexsort((slots, parents))[1:].tolist()  # by parent, then slot; the root first
     bounds = np.searchsorted(parents[order], np.arange(n + 1)).tolist()
     children = tuple(tuple(order[bounds[u] : bounds[u + 1]]) for u in range(n))
     main = [0]
     while children[main[-1]]:
         main.append(children[main[-1]][0])
     return TreeLayout(
-        shape=shape, parents=torch.from_numpy(parents), depths=torch.tensor(depths, dtype=torch.long),
-        candidate_index=torch.tensor(slots, dtype=torch.long), attend=torch.from_numpy(ancestor_mask(parents)),
-        children=children, main_nodes=tuple(main), node_depths=tuple(depths), node_slots=tuple(slots),
-        node_parents=tuple(parents.tolist()),
+        shape=shape, parents=torch.from_numpy(parents), depths=torch.from_numpy(depths),
+        candidate_index=torch.from_numpy(slots), attend=torch.from_numpy(ancestor_mask(parents)),
+        children=children, main_nodes=tuple(main), node_depths=tuple(depths.tolist()),
+        node_slots=tuple(slots.tolist()), node_parents=tuple(parents.tolist()),
     )
+
+
+@bounded_by_bytes(64 * MIB, max_entries=512, weigh=layout_bytes)
+def tree_layout(shape: TreeShape) -> TreeLayout:
+    """The layout of a shape (cached: a run uses a handful of shapes, and kept up to 64 MiB)."""
+    return build_layout(shape)
 
 
 def build_tree_layout(widths: Tuple[int, ...], chain_len: int, side_leaves: Tuple[int, ...] = (),

@@ -6,8 +6,9 @@ each other.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import List, Sequence
 
+import numpy as np
 import torch
 
 
@@ -21,3 +22,12 @@ def copy_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
+
+
+def arrays_to_device(arrays: Sequence[np.ndarray], device: torch.device) -> List[torch.Tensor]:
+    """Integer host arrays as long tensors on `device` in one copy (views of one buffer): on a
+    GPU every copy is a transfer of its own, and a pass's index tensors are many and small."""
+    flat = np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in arrays])
+    buffer = copy_to_device(torch.from_numpy(flat), device)
+    ends = np.cumsum([0] + [int(np.size(a)) for a in arrays]).tolist()
+    return [buffer[a:b].view(np.shape(array)) for a, b, array in zip(ends, ends[1:], arrays)]

@@ -33,7 +33,7 @@ from ..sampling.drafting import adaptive_continuation
 from ..sampling.recipe import SamplingRecipe, TokenConstraints, process
 from ..sampling.rules import NodeChildren
 from ..sampling.tree import TreeLayout, build_layout, layout_bytes, tree_layout
-from ..transfer import copy_to_device, to_device
+from ..transfer import arrays_to_device, copy_to_device, to_device
 from . import drafters
 from .drafters import Draft, DraftContext, PassReport
 from .finite import NonFiniteError, first_non_finite, non_finite_error, non_finite_row
@@ -155,21 +155,19 @@ class PassShape:
         child_source = np.full((s, k), pad_source, dtype=np.int64)
         child_source[parents[1:], slots[1:]] = source[1:]  # a node's children are its slots 0..k-1
 
-        def nodes(keep: np.ndarray) -> torch.Tensor:
-            return copy_to_device(torch.from_numpy(np.flatnonzero(keep)), device)
-
         # a node's children were drawn from its depth's window q, or from its own row's
         q_rows = np.where(owners >= 0, window + owners, np.minimum(depths, max(window - 1, 0)))
         attend = torch.eye(envelope, dtype=torch.bool)
         attend[:s, :s] = layout.attend
+        # the index tensors in one host -> device copy (a budget's pass builds them every pass)
+        padded_depths, token_source, child_source, q_rows, single, multi, leaves = arrays_to_device(
+            [np.concatenate([depths, np.zeros(pad, dtype=np.int64)]),
+             np.concatenate([source, np.full(pad, pad_source)]), child_source, q_rows,
+             np.flatnonzero(counts == 1), np.flatnonzero(counts > 1), np.flatnonzero(counts == 0)], device)
         return PassShape(
-            layout=layout, envelope=envelope, levels=levels,
-            depths=copy_to_device(torch.cat([layout.depths, torch.zeros(pad, dtype=torch.long)]), device),
-            attend=copy_to_device(attend, device),
-            token_source=copy_to_device(torch.from_numpy(np.concatenate([source, np.full(pad, pad_source)])), device),
-            child_source=copy_to_device(torch.from_numpy(child_source), device),
-            q_rows=copy_to_device(torch.from_numpy(q_rows), device),
-            single=nodes(counts == 1), multi=nodes(counts > 1), leaves=nodes(counts == 0),
+            layout=layout, envelope=envelope, levels=levels, depths=padded_depths,
+            attend=copy_to_device(attend, device), token_source=token_source, child_source=child_source,
+            q_rows=q_rows, single=single, multi=multi, leaves=leaves,
         )
 
     def children(self, flat_tokens: torch.Tensor, flat_valid: torch.Tensor) -> NodeChildren:

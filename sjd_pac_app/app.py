@@ -88,6 +88,16 @@ class SjdPacApp:
         finally:
             self.slot.release(order)
 
+    def window_for_budget(self, budget: object, window: object) -> Any:
+        """A node budget picked while L still shows the model's own window: L becomes 'auto'.
+        A budget's tree chooses its main chain up to L, and a family's window (the demo's 12)
+        would cap it far below what 128 nodes carry; a window the user chose stays."""
+        model = self.manager.model
+        picked = str(budget).strip() not in ("", "0")
+        if model is not None and picked and str(window).strip() == str(model.defaults.window):
+            return gr.update(value="auto")
+        return gr.skip()
+
     def _select_model(self, choice: str, path: str) -> tuple:
         spec = (path or "").strip() or choice
         try:

@@ -350,6 +350,8 @@ def build(app: Any) -> gr.Blocks:
         # preprocess=False: a value typed past the top reaches our check, which names the budget.
         tree_width.input(follow_width, [tree_depth, tree_width], tree_depth, preprocess=False, **instant)
         tree_depth.input(follow_depth, [tree_depth, tree_width], tree_width, preprocess=False, **instant)
+        # A budget picked over the model's own window takes window auto (a window typed stays).
+        node_budget.input(app.window_for_budget, [node_budget, window], window, preprocess=False, **instant)
         # A click is checked at once (outside the queue), then waits its turn for the sampler.
         # preprocess=False everywhere: the values are plain numbers and strings, and our check
         # (not the sliders' current tops) decides, with a sentence that names the fix.

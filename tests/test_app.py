@@ -20,7 +20,7 @@ import sjd_pac_core as sp
 from sjd_pac_app import runner
 from sjd_pac_app.runner import JobRegistry, ModelManager, run_settings, stream_generation
 
-pytest.importorskip("gradio")
+gr = pytest.importorskip("gradio")
 from sjd_pac_app.app import SjdPacApp  # noqa: E402
 from sjd_pac_app.layout import launch_kwargs  # noqa: E402
 
@@ -613,6 +613,18 @@ def test_the_node_budget_reaches_the_run_and_its_record(app, app_model):
     picked = final[SUMMARY]["budget_picked"]
     assert "node budget auto picked" in picked and picked in final[STATS]
     assert all("node budget auto picked" in f[STATS] for f in frames[1:] if f[SUMMARY]["status"] == "progress")
+
+
+def test_a_budget_picked_over_the_models_window_takes_window_auto(app, app_model):
+    """The model's own window would cap the budget's main chain: picking a budget while L shows
+    it turns L to auto; a window the user chose stays, and no budget changes nothing."""
+    _, model = app_model
+    default = str(model.defaults.window)
+    assert app.window_for_budget("128", default) == gr.update(value="auto")
+    assert app.window_for_budget("auto", f" {default} ") == gr.update(value="auto")
+    chosen = str(model.defaults.window + 20)
+    for budget, window in (("128", chosen), ("128", "auto"), ("0", default), ("", default)):
+        assert app.window_for_budget(budget, window) == gr.skip(), (budget, window)
 
 
 def test_the_check_finite_switch_reaches_the_loader(app_model):

@@ -147,6 +147,11 @@ def test_typed_numbers_stay_and_the_live_picture_comes_with_its_numbers(served_a
     _, url = served_app
     page = open_page(browser, url)
     try:
+        # A budget picked while L shows the model's own window turns L to auto (it would cap the
+        # budget's main chain); below, a typed L stays when a budget is typed after it.
+        page.fill("#node-budget input", "128")
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => document.querySelector('#window input').value === 'auto'", timeout=10_000)
         # Enter keeps a typed L and node budget (Gradio's list made 4 into 24 and 12 into 128).
         for selector, typed in (("#window input", "4"), ("#node-budget input", "12")):
             page.fill(selector, typed)

@@ -200,7 +200,88 @@ class LuminaVocabulary:
         self.eol_id, self.end_id = num_codes, num_codes + 1  # in the sampler's token space
 
 
-class LuminaMGPTImageModel(ARImageModel):
+class LuminaImageModel(ARImageModel):
+    """What both Lumina-mGPT generations share: the prompt (the authors' template with the size
+    tokens, height first; guidance on the image part alone), the image layout (rows of codes, each
+    ended by an end-of-line token, then the end of the image), decoding and previews. A
+    generation names its text ids (`text_ids`), its decoder (`decoder`), how the decoder's pixels
+    become pictures (`to_pictures`) and its pixels per code (`code_pixels`)."""
+
+    display_name = "Lumina-mGPT"
+    code_pixels: int
+    vocab: object  # LuminaVocabulary or lumina_mgpt2.Lumina2Vocabulary
+
+    def __init__(self) -> None:
+        self._layouts: Dict[str, ImageLayout] = {}
+        self._last_resolution: Optional[str] = None
+
+    def text_ids(self, prompt: str, resolution: str) -> List[int]:
+        """The prompt's text turn as token ids, its end-of-turn included."""
+        raise NotImplementedError
+
+    @property
+    def decoder(self) -> torch.nn.Module:
+        """The VQ decoder (with decode_codes(grid) -> pixels)."""
+        raise NotImplementedError
+
+    def to_pictures(self, pixels: torch.Tensor) -> List[Image.Image]:
+        return pixels_to_pil(pixels)
+
+    # --- prompts ------------------------------------------------------------------------------
+    def layout(self, resolution: str) -> ImageLayout:
+        if resolution not in self._layouts:
+            width, height = parse_size(resolution)
+            self._layouts[resolution] = ImageLayout(
+                rows=height // self.code_pixels, cols=width // self.code_pixels,
+                row_end=self.vocab.eol_id, tail=(self.vocab.end_id,),
+            )
+        return self._layouts[resolution]
+
+    def encode_prompt(self, prompt: str, negative_prompt: str = "", resolution: Optional[str] = None) -> PromptEncoding:
+        resolution = self.check_resolution(resolution)
+        self._last_resolution = resolution  # what preview() shows when not told
+        width, height = parse_size(resolution)
+        v = self.vocab
+        # Height first, then width (FlexARItemProcessor).
+        image_start = [v.image_start, v.size_tokens[height // PIXELS_PER_GRID], v.size_tokens[width // PIXELS_PER_GRID]]
+        prompt_ids = torch.tensor([v.bos, *self.text_ids(prompt, resolution), *image_start], dtype=torch.long)
+        warnings: List[str] = []
+        if negative_prompt.strip():
+            warnings.append(
+                f"{self.display_name} ignores negative prompts; guidance uses the image part alone, as its "
+                "reference code does."
+            )
+        layout = self.layout(resolution)
+        return PromptEncoding(
+            prompt_ids=prompt_ids,
+            uncond_ids=torch.tensor(image_start, dtype=torch.long),
+            layout=layout,
+            constraints=layout.constraints(self.token_model.vocab_size, torch.arange(v.num_codes)),
+            resolution=resolution,
+            warnings=warnings,
+        )
+
+    # --- pixels -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
+        rows = self.decode_rows(tokens)
+        resolution = self.resolution_for(rows.shape[-1], resolution, self.layout)
+        layout = self.layout(resolution)
+        self.check_image_tokens(rows, layout, (0, self.vocab.num_codes), resolution)
+        return self.to_pictures(self.decoder.decode_codes(layout.grid(rows)))
+
+    def preview(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> Optional[Image.Image]:
+        resolution = self.check_resolution(resolution or self._last_resolution)
+        return preview_image(self.decode, self.layout(resolution), tokens, resolution)
+
+    def unload(self) -> None:
+        if getattr(self, "token_model", None) is not None:
+            self.token_model.release()
+        free_model(self.model)
+        self.decoder.to("cpu")
+
+
+class LuminaMGPTImageModel(LuminaImageModel):
     family = "lumina_mgpt"
     supports_device_map = True
 
@@ -219,8 +300,9 @@ class LuminaMGPTImageModel(ARImageModel):
         self.num_codes = vocab.num_codes
         self.defaults = FamilyDefaults(resolutions=tuple(f"{w}x{h}" for w, h in sizes), sampler=self.SAMPLER_DEFAULTS)
         self.token_model = ImageHeadAdapter(model, model.model, vocab.token_space)
-        self._layouts: Dict[str, ImageLayout] = {}
-        self._last_resolution: Optional[str] = None
+        super().__init__()
+
+    code_pixels = PIXELS_PER_GRID // 2  # 16 pixels per code
 
     # Reference settings (Lumina-mGPT inference_solver): CFG 3.0 (its README uses 4.0), image
     # top-k 2000, temperature 1.0.
@@ -327,57 +409,12 @@ class LuminaMGPTImageModel(ARImageModel):
         model.expand_qk_norms()
         return model
 
-    # --- prompts ------------------------------------------------------------------------------
-    def layout(self, resolution: str) -> ImageLayout:
-        if resolution not in self._layouts:
-            width, height = parse_size(resolution)
-            codes_px = PIXELS_PER_GRID // 2  # 16 pixels per code
-            self._layouts[resolution] = ImageLayout(
-                rows=height // codes_px, cols=width // codes_px, row_end=self.vocab.eol_id, tail=(self.vocab.end_id,)
-            )
-        return self._layouts[resolution]
-
-    def encode_prompt(self, prompt: str, negative_prompt: str = "", resolution: Optional[str] = None) -> PromptEncoding:
-        resolution = self.check_resolution(resolution)
-        self._last_resolution = resolution  # what preview() shows when not told
+    # --- prompts and pixels (the rest is LuminaImageModel's) ---------------------------------
+    def text_ids(self, prompt: str, resolution: str) -> List[int]:
         width, height = parse_size(resolution)
         text = PROMPT_TEMPLATE.format(width=width, height=height, prompt=prompt.strip())
-        text_ids = self.text_tokenizer.encode(text, add_special_tokens=False).ids
-        v = self.vocab
-        # Height first, then width (FlexARItemProcessor).
-        image_start = [v.image_start, v.size_tokens[height // PIXELS_PER_GRID], v.size_tokens[width // PIXELS_PER_GRID]]
-        prompt_ids = torch.tensor([v.bos, *text_ids, v.end_of_turn, *image_start], dtype=torch.long)
-        warnings: List[str] = []
-        if negative_prompt.strip():
-            warnings.append(
-                "Lumina-mGPT ignores negative prompts; guidance uses the image part alone, as its "
-                "reference code does."
-            )
-        layout = self.layout(resolution)
-        return PromptEncoding(
-            prompt_ids=prompt_ids,
-            uncond_ids=torch.tensor(image_start, dtype=torch.long),
-            layout=layout,
-            constraints=layout.constraints(self.token_model.vocab_size, torch.arange(v.num_codes)),
-            resolution=resolution,
-            warnings=warnings,
-        )
+        return [*self.text_tokenizer.encode(text, add_special_tokens=False).ids, self.vocab.end_of_turn]
 
-    # --- pixels -------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
-        rows = self.decode_rows(tokens)
-        resolution = self.resolution_for(rows.shape[-1], resolution, self.layout)
-        layout = self.layout(resolution)
-        self.check_image_tokens(rows, layout, (0, self.vocab.num_codes), resolution)
-        return pixels_to_pil(self.vqgan.decode_codes(layout.grid(rows)))
-
-    def preview(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> Optional[Image.Image]:
-        resolution = self.check_resolution(resolution or self._last_resolution)
-        return preview_image(self.decode, self.layout(resolution), tokens, resolution)
-
-    def unload(self) -> None:
-        if getattr(self, "token_model", None) is not None:
-            self.token_model.release()
-        free_model(self.model)
-        self.vqgan.to("cpu")
+    @property
+    def decoder(self) -> ChameleonVQGANDecoder:
+        return self.vqgan

@@ -31,11 +31,11 @@ from transformers import ChameleonConfig
 
 from .adapters import ImageHeadAdapter
 from .checks import ModelLoadError, require_safetensors
-from .hf_common import LoadOptions, free_model, preview_image, short
-from .image_model import ARImageModel, FamilyDefaults, ImageLayout, PromptEncoding
+from .hf_common import LoadOptions, short
+from .image_model import FamilyDefaults
 from .kept_parts import keep_what_sampling_uses
 from .lumina_mgpt import (END_OF_LINE, END_OF_TURN, IMAGE_END, IMAGE_START, PROMPT_TEMPLATE, LuminaLayoutChameleon,
-                          LuminaMGPTImageModel, grid_token_name, parse_size)
+                          LuminaImageModel, LuminaMGPTImageModel, grid_token_name, parse_size)
 from .memory import FamilyShape, census
 from .movqgan import (MOVQGAN_270M, MoVQDecoder, MoVQLoadError, load_movq_decoder, movq_config_of,
                       pixels_to_pil_rounded)
@@ -124,7 +124,7 @@ def _vocab_size(config: dict) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-class LuminaMGPT2ImageModel(ARImageModel):
+class LuminaMGPT2ImageModel(LuminaImageModel):
     family = "lumina_mgpt2"
     supports_device_map = True
     QUANTIZED_LAYERS = r"model\.layers"  # the decoder layers: the only quantized linears
@@ -141,8 +141,9 @@ class LuminaMGPT2ImageModel(ARImageModel):
         self.defaults = FamilyDefaults(resolutions=resolutions,
                                        sampler=dict(cfg_scale=4.0, temperature=1.0, top_k=4096))
         self.token_model = ImageHeadAdapter(model, model.model, vocab.token_space)
-        self._layouts: Dict[str, ImageLayout] = {}
-        self._last_resolution: Optional[str] = None
+        super().__init__()
+
+    display_name = "Lumina-mGPT 2.0"
 
     # --- loading ------------------------------------------------------------------------------
     @classmethod
@@ -224,61 +225,18 @@ class LuminaMGPT2ImageModel(ARImageModel):
                                                     repo_hint=REPO_HINT)
         return cls(model, movq, tokenizer, vocab, resolutions)
 
-    # --- prompts ------------------------------------------------------------------------------
-    def layout(self, resolution: str) -> ImageLayout:
-        if resolution not in self._layouts:
-            width, height = parse_size(resolution)
-            self._layouts[resolution] = ImageLayout(
-                rows=height // self.code_pixels, cols=width // self.code_pixels,
-                row_end=self.vocab.eol_id, tail=(self.vocab.end_id,),
-            )
-        return self._layouts[resolution]
-
+    # --- prompts and pixels (the rest is LuminaImageModel's) ---------------------------------
     def prompt_text(self, prompt: str, resolution: str) -> str:
         """The human turn of the authors' conversation template, closed by its separator."""
         width, height = parse_size(resolution)
         return PROMPT_TEMPLATE.format(width=width, height=height, prompt=prompt.strip()) + END_OF_TURN
 
-    def encode_prompt(self, prompt: str, negative_prompt: str = "", resolution: Optional[str] = None) -> PromptEncoding:
-        resolution = self.check_resolution(resolution)
-        self._last_resolution = resolution  # what preview() shows when not told
-        width, height = parse_size(resolution)
-        text_ids = self.tokenizer.encode(self.prompt_text(prompt, resolution), add_special_tokens=False)
-        v = self.vocab
-        # Height first, then width (FlexARItemProcessor).
-        image_start = [v.image_start, v.size_tokens[height // PIXELS_PER_GRID], v.size_tokens[width // PIXELS_PER_GRID]]
-        prompt_ids = torch.tensor([v.bos, *text_ids, *image_start], dtype=torch.long)
-        warnings: List[str] = []
-        if negative_prompt.strip():
-            warnings.append(
-                "Lumina-mGPT 2.0 ignores negative prompts; guidance uses the image part alone, as its "
-                "reference code does."
-            )
-        layout = self.layout(resolution)
-        return PromptEncoding(
-            prompt_ids=prompt_ids,
-            uncond_ids=torch.tensor(image_start, dtype=torch.long),
-            layout=layout,
-            constraints=layout.constraints(self.token_model.vocab_size, torch.arange(v.num_codes)),
-            resolution=resolution,
-            warnings=warnings,
-        )
+    def text_ids(self, prompt: str, resolution: str) -> List[int]:
+        return list(self.tokenizer.encode(self.prompt_text(prompt, resolution), add_special_tokens=False))
 
-    # --- pixels -------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> List[Image.Image]:
-        rows = self.decode_rows(tokens)
-        resolution = self.resolution_for(rows.shape[-1], resolution, self.layout)
-        layout = self.layout(resolution)
-        self.check_image_tokens(rows, layout, (0, self.vocab.num_codes), resolution)
-        return pixels_to_pil_rounded(self.movq.decode_codes(layout.grid(rows)))
+    @property
+    def decoder(self) -> MoVQDecoder:
+        return self.movq
 
-    def preview(self, tokens: torch.Tensor, resolution: Optional[str] = None) -> Optional[Image.Image]:
-        resolution = self.check_resolution(resolution or self._last_resolution)
-        return preview_image(self.decode, self.layout(resolution), tokens, resolution)
-
-    def unload(self) -> None:
-        if getattr(self, "token_model", None) is not None:
-            self.token_model.release()
-        free_model(self.model)
-        self.movq.to("cpu")
+    def to_pictures(self, pixels: torch.Tensor) -> List[Image.Image]:
+        return pixels_to_pil_rounded(pixels)  # the authors round where Lumina-mGPT 1 truncates

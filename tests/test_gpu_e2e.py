@@ -103,7 +103,8 @@ def test_ratios_are_against_the_fastest_plain_ar_and_eager_generate():
 def test_tiny_command_reports_every_row_with_ars_tokens_and_a_failing_control(tmp_path):
     out = tmp_path / "e2e"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_e2e.py"), "--tiny", "--device", "cpu",
-                           "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=1200)
+                           "--profile", "best", "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads((out / "gpu_e2e.json").read_text())
     rows = {r["key"]: r for r in record["rows"]}
@@ -124,12 +125,20 @@ def test_tiny_command_reports_every_row_with_ars_tokens_and_a_failing_control(tm
     assert record["control"]["ar_tokens"] is False and record["control"]["seed"] == record["setup"]["seed"] + 1
     env = record["environment"]
     assert env["torch"] and env["transformers"] and env["date_utc"]
-    assert record["command"] == f"python benchmarks/gpu_e2e.py --tiny --device cpu --out {out}"
+    assert record["command"] == f"python benchmarks/gpu_e2e.py --tiny --device cpu --profile best --out {out}"
     top = record["headline"]
     assert top["best"] in methods and top["fastest_plain_ar"] in methods and top["best_returned_ar_tokens"] is True
     report = (out / "gpu_e2e.md").read_text()
     assert "vs fastest plain AR" in report and "Fastest SJD-PAC row" in report and "no, as it must" in report
     assert not (out / e2e.PARTIAL_FILE).exists()  # the runs so far are gone once the record is written
+    # --profile best: the fastest SJD-PAC row once more, its pass time by stage, with its trace
+    profiled = record["profile"]
+    assert profiled["row"] == top["best"] and profiled["passes"] > 0 and Path(profiled["trace"]).is_file()
+    stages = {t["stage"]: t for t in profiled["stages"]}
+    assert list(stages) == ["plan", "forward", "verify", "sync", "commit", "draft"]
+    assert all(t["calls"] > 0 and t["host_ms_per_pass"] > 0 for t in stages.values())
+    assert stages["forward"]["calls"] == profiled["passes"]
+    assert "Where a pass's time goes" in report and "| draft |" in report
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -139,6 +148,8 @@ def test_tiny_command_reports_every_row_with_ars_tokens_and_a_failing_control(tm
     (["--tiny", "--device", "cpu", "--methods", "ar,sjd-pac@64:b32:b64"], "Modifier"),
     (["--device", "cpu"], "--tiny"),
     (["--tiny", "--device", "tpu"], "tpu"),
+    (["--tiny", "--device", "cpu", "--methods", "ar,ar:compile", "--profile", "best"], "no SJD-PAC row"),
+    (["--tiny", "--device", "cpu", "--methods", "ar,sjd-pac@64", "--profile", "sjd-pac@32"], "one of ar, sjd-pac@64"),
 ])
 def test_bad_input_is_one_sentence_before_any_work(argv, says, monkeypatch):
     monkeypatch.setattr(e2e, "build", lambda *a, **k: pytest.fail("built models before checking the command"))

@@ -393,12 +393,23 @@ def markdown(record: Dict[str, object]) -> str:
                       f"per second of the fastest plain AR ({labels[top['fastest_plain_ar']]}), "
                       f"{_cell(top['best_vs_eager_generate'])}x eager generate; AR's tokens: "
                       f"{'yes' if top['best_returned_ar_tokens'] else 'NO'}.**", ""]
+    profiled = record.get("profile")
+    if profiled:
+        from .stage_profile import StageProfile, StageTime, stage_table
+
+        stages = [StageTime(**t) for t in profiled["stages"]]
+        table = stage_table(StageProfile(profiled["passes"], profiled["wall_ms_per_pass"], stages))
+        lines += ["", f"Where a pass's time goes ({profiled['label']}, one run under torch.profiler, "
+                  f"{profiled['passes']} passes, {profiled['wall_ms_per_pass']:.2f} ms per pass with the "
+                  f"profiler's own cost; trace `{Path(profiled['trace']).name}`):", "", *table]
     control = record["control"]
     lines += ["", f"Planted control ({control['row']} with seed {control['seed']}): returned AR's tokens: "
               f"{'yes - the check is broken' if control['ar_tokens'] else 'no, as it must (the check can fail)'}.",
               "", f"Seconds: building {record['seconds']['build']:.0f}, warm-up {record['seconds']['warmup']:.0f}, "
               f"timed rounds {record['seconds']['timed']:.0f}, passes alone {record['seconds']['passes']:.0f}, "
-              f"control {record['seconds']['control']:.0f}, total {record['seconds']['total']:.0f}."]
+              f"control {record['seconds']['control']:.0f}"
+              + (f", profile {record['seconds']['profile']:.0f}" if "profile" in record["seconds"] else "")
+              + f", total {record['seconds']['total']:.0f}."]
     return "\n".join(lines)
 
 
@@ -438,6 +449,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         "torch's own on a GPU)")
     p.add_argument("--compile-backend", default=None,
                    help=f"torch.compile backend of the compiled rows (default inductor; tiny {TINY_COMPILE_BACKEND})")
+    p.add_argument("--profile", default=None, metavar="ROW",
+                   help="after the timed rounds, run ROW once more under torch.profiler and say where a pass's "
+                        "time goes, stage by stage (plan, forward, verify, sync, commit, draft), with its Chrome "
+                        "trace in --out; ROW is a key of --methods or 'best', the fastest SJD-PAC row")
     p.add_argument("--out", default="runs/gpu_e2e")
     return p.parse_args(argv)
 
@@ -472,6 +487,13 @@ def check_setup(args: argparse.Namespace):
         raise SystemExit(f"--methods: {exc}") from None
     if not any(r.kind == "sampler" for r in rows):
         raise SystemExit("--methods has no row on the twin; add ar (the reference all rows are checked against).")
+    sampler_keys = [r.key for r in rows if r.kind == "sampler"]
+    drafting_keys = [r.key for r in rows if r.kind == "sampler" and not r.spec.is_ar]
+    if args.profile == "best" and not drafting_keys:
+        raise SystemExit("--profile best: --methods has no SJD-PAC row; add one such as sjd-pac@auto:b128.")
+    if args.profile not in (None, "best") and args.profile not in sampler_keys:
+        raise SystemExit(f"--profile {args.profile}: not a sampler row of --methods; give 'best' or one of "
+                         f"{', '.join(sampler_keys)}.")
     if any(r.kind == "generate" and r.spec.variant == "generate-static" for r in rows) \
             and not static_cache_length_supported():
         raise SystemExit("--methods: generate-static needs a static cache of a whole image's size, which this "
@@ -655,6 +677,17 @@ class Bench:
                                 s.pass_rounds)
         return costs
 
+    def profile(self, row: Row, out: Path) -> Dict[str, object]:
+        """`row` once more on the first prompt under torch.profiler: its time per pass by stage."""
+        from .stage_profile import profile_stages
+
+        s = self.setup
+        trace = out / f"profile_{row.key.replace(':', '_').replace('@', '_')}.json"
+        print(f"profiling {row.key} ...", flush=True)
+        profiled = profile_stages(lambda: sampler_run(s.twin, row, row_config(row, s.base), s.prompts[0], 0, s.seed, -2),
+                                  s.twin.device, trace)
+        return {"row": row.key, "label": row.label, **asdict(profiled)}
+
     def control(self, rows: Sequence[Row]) -> Dict[str, object]:
         """The planted control: the first drafting row, eager, with another seed, cannot return
         AR's tokens; if it does, the check is broken."""
@@ -701,8 +734,12 @@ def run(args: argparse.Namespace, device: torch.device, rows: List[Row], backend
     lap("passes")
     control = bench.control(rows)
     lap("control")
-    seconds["total"] = time.perf_counter() - started
     results = row_results(rows_all, bench.runs, costs, bench.checks)
+    profiled = None
+    if args.profile:
+        profiled = bench.profile(profile_row(args.profile, rows, results), Path(args.out))
+        lap("profile")
+    seconds["total"] = time.perf_counter() - started
     twin = setup.twin
     context = twin.token_model.context
     width = context.prompt_tokens + context.before
@@ -722,5 +759,17 @@ def run(args: argparse.Namespace, device: torch.device, rows: List[Row], backend
         "control": control,
         "runs": [asdict(r) for r in bench.runs],
         "passes": [asdict(c) for c in costs],
+        "profile": profiled,
         "seconds": seconds,
     }
+
+
+def profile_row(choice: str, rows: Sequence[Row], results: Sequence[RowResult]) -> Row:
+    """The row `--profile` names: a row key, or 'best' (the SJD-PAC row with the most tokens per second)."""
+    sampler = {r.key: r for r in rows if r.kind == "sampler"}
+    if choice == "best":
+        timed = [r for r in results if r.key in sampler and not sampler[r.key].spec.is_ar and r.tokens_per_s]
+        if not timed:
+            raise ValueError("--profile best needs an SJD-PAC row in --methods; add one such as sjd-pac@auto:b128")
+        return sampler[max(timed, key=lambda r: r.tokens_per_s).key]
+    return sampler[choice]

@@ -41,7 +41,7 @@ from .inputs import check_sample_inputs
 from .state import DecodeState
 from .stats import PassRecord, RunStats
 from .sync import SyncCounter, fetch, synchronize
-from .timing import ForwardTimer
+from .timing import ForwardTimer, stage
 from .verdict import PassOutcome, StaleRows, Verdict, continuation, walk
 from .window import (AUTO_START_WINDOW, CANDIDATE_WINDOWS, COMPILED_CANDIDATE_WINDOWS, PROBE_SIZES, AutoTreeWindow,
                      AutoWindow, FixedWindow, measure_cost_curve, narrower_trees)
@@ -298,32 +298,38 @@ class _Decoder:
 
     def _iterate(self, state: DecodeState, stats: RunStats, callback: Optional[Callback]) -> None:
         start, syncs, moved = time.perf_counter(), SyncCounter.count, state.session.compaction_bytes
-        plan = self._plan(state)
-        logits = self._forward(state, plan)
-        verdict = self._verify(state, plan, logits)
-        decisions = verdict.decisions()  # the pass's one host sync
+        with stage("plan"):
+            plan = self._plan(state)
+        with stage("forward"):
+            logits = self._forward(state, plan)
+        with stage("verify"):
+            verdict = self._verify(state, plan, logits)
+        with stage("sync"):
+            decisions = verdict.decisions()  # the pass's one host sync
         if decisions.non_finite_at >= 0:
             raise self._non_finite(decisions.non_finite_at, verdict.p, verdict.positions, logits)
         window, layout = plan.draft.window, plan.shape.layout
         n = state.num_committed
         last_depth = self.num_tokens - n  # a node at this depth holds the image's last token
-        outcome = walk(layout, decisions, last_depth)
-        self._commit(state, plan, verdict, outcome)
+        with stage("commit"):
+            outcome = walk(layout, decisions, last_depth)
+            self._commit(state, plan, verdict, outcome)
         tree = plan.draft.tree
         self.window_policy.observe(outcome.accepted, censored=not outcome.rejected, window=len(window),
                                    tree_levels=plan.shape.levels, branch=outcome.branch,
                                    widths=tree.widths if tree is not None else ())
         if not state.done:
-            target = self._window_target(state.num_committed)
-            self.rule.prepare(state.num_committed)
-            carried = continuation(layout, decisions, outcome, last_depth)
-            report = PassReport(start=n, num_committed=state.num_committed, target=target, draft=plan.draft, layout=layout,
-                                node_tokens=plan.tokens[: layout.num_nodes], children=plan.children,
-                                outcome=outcome, decisions=decisions, verdict=verdict,
-                                proposal_logits=logits[:, carried.proposal],
-                                stale=StaleRows.gather(verdict, decisions, carried.nodes, self.device),
-                                tree_widths=self.window_policy.next_tree())
-            state.draft, state.target = self.drafter.next(self.ctx, report), target
+            with stage("draft"):
+                target = self._window_target(state.num_committed)
+                self.rule.prepare(state.num_committed)
+                carried = continuation(layout, decisions, outcome, last_depth)
+                report = PassReport(start=n, num_committed=state.num_committed, target=target, draft=plan.draft,
+                                    layout=layout, node_tokens=plan.tokens[: layout.num_nodes],
+                                    children=plan.children, outcome=outcome, decisions=decisions, verdict=verdict,
+                                    proposal_logits=logits[:, carried.proposal],
+                                    stale=StaleRows.gather(verdict, decisions, carried.nodes, self.device),
+                                    tree_widths=self.window_policy.next_tree())
+                state.draft, state.target = self.drafter.next(self.ctx, report), target
         self._record(state, stats, callback, start, syncs, committed=state.num_committed - n,
                      window=len(window), tree_nodes=layout.num_nodes - 1 - len(window),
                      first_reject=outcome.accepted if outcome.rejected else -1,

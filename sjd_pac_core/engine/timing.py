@@ -6,9 +6,22 @@ completed by then); on the CPU the forward is synchronous and the wall clock is 
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
+
+STAGE_PREFIX = "sjd_pac."  # the names of a pass's stages in a torch.profiler trace
+_NO_STAGE = contextlib.nullcontext()
+
+
+def stage(name: str):
+    """A named range (sjd_pac.<name>) in a torch.profiler trace while a profiler runs, so a
+    trace says where a pass's time goes (bench/stage_profile.py); otherwise nothing, at the cost
+    of one check."""
+    if torch.autograd._profiler_enabled():
+        return torch.profiler.record_function(STAGE_PREFIX + name)
+    return _NO_STAGE
 
 
 class ForwardTimer:

@@ -368,13 +368,13 @@ class PeekingDrafter(drafters.BudgetDrafter):
         self.tables, self.recipe = tables, recipe
         self.generator = torch.Generator().manual_seed(7)
 
-    def budget_draft(self, ctx, window, start, carried, kept):
+    def tree_draft(self, ctx, window, start, tree, nodes, kept):
         if len(window):
             prefix = tuple(ctx.committed[:start].tolist())
             logits = torch.stack([table[prefix] for table in self.tables]).unsqueeze(1)
             p = process(logits, ctx.positions[start : start + 1], self.recipe, ctx.constraints)
             window.tokens[0] = torch.multinomial(p[0], 1, generator=self.generator)[0]
-        return super().budget_draft(ctx, window, start, carried, kept)
+        return super().tree_draft(ctx, window, start, tree, nodes, kept)
 
 
 def test_planted_proposal_that_peeks_at_the_pass_p_is_caught(tiny, monkeypatch):

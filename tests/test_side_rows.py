@@ -188,12 +188,12 @@ def own_row_positions(made) -> float:
 def _uniform_rows_verified_as_their_q(monkeypatch):
     """Planted: the own rows' candidates drawn uniformly (without replacement) but verified as
     draws from the rows' own q: a row whose tokens do not come from the q it is checked with."""
-    original = drafters.BudgetDrafter.budget_draft
+    original = drafters.BudgetDrafter.tree_draft
     calls = []
     generator = torch.Generator().manual_seed(11)
 
-    def faulty(self, ctx, window, start, carried, kept):
-        draft = original(self, ctx, window, start, carried, kept)
+    def faulty(self, ctx, window, start, tree, nodes, kept):
+        draft = original(self, ctx, window, start, tree, nodes, kept)
         tree = draft.tree
         if tree is None or tree.own_q is None:
             return draft
@@ -204,7 +204,7 @@ def _uniform_rows_verified_as_their_q(monkeypatch):
         candidates = torch.cat([tree.candidates[: tree.levels], uniform.to(tree.candidates.device)])
         return dataclasses.replace(draft, tree=dataclasses.replace(tree, candidates=candidates))
 
-    monkeypatch.setattr(drafters.BudgetDrafter, "budget_draft", faulty)
+    monkeypatch.setattr(drafters.BudgetDrafter, "tree_draft", faulty)
     return calls
 
 

@@ -32,8 +32,8 @@ from ..sampling.recipe import SamplingRecipe
 from ..sampling.rules import NodeChildren
 from ..sampling.tree import TreeLayout, TreeShape, level_tree_shape, one_deviation_leaves
 from ..transfer import to_device
-from .budget import (MAX_SLOTS, AcceptanceTable, DecayedMean, chain_floor, fastest_budget, greedy_tree, path_class,
-                     position_classes, ranked_tree)
+from .budget import (MAX_SLOTS, AcceptanceTable, BudgetTree, DecayedMean, chain_floor, fastest_budget, greedy_tree,
+                     path_class, position_classes, ranked_tree)
 from .draft import Draft, DraftWindow, TreeDraft
 from .mixture import FirstDraftMixture
 from .neighbour_laws import NeighbourLaws
@@ -232,14 +232,23 @@ class SJDDrafter(Drafter):
     def next_window(self, ctx: DraftContext, report: PassReport) -> Tuple[DraftWindow, int, int]:
         """The next pass's window: the verified drafts carried on, filled to the target, its first
         draft settled; with the drafts kept by AC and how many were carried (not new)."""
-        if report.stale.nodes:
-            window, kept = self.continue_window(ctx, report)
-        else:
-            window, kept = report.draft.window.tail(len(report.draft.window)), 0  # nothing left: empty
+        window, kept = self.carried_window(ctx, report)
         carried = len(window)
-        window = self.fill(ctx, window, report.proposal_logits, report.num_committed, report.target)
-        window, kept = self.first_after_rejection(ctx, report, window, kept)
+        window, kept = self.complete_window(ctx, report, window, kept, report.target)
         return window, kept, carried
+
+    def carried_window(self, ctx: DraftContext, report: PassReport) -> Tuple[DraftWindow, int]:
+        """The verified drafts carried on to the next pass, and how many AC kept."""
+        if report.stale.nodes:
+            return self.continue_window(ctx, report)
+        return report.draft.window.tail(len(report.draft.window)), 0  # nothing left: empty
+
+    def complete_window(self, ctx: DraftContext, report: PassReport, window: DraftWindow, kept: int,
+                        target: int) -> Tuple[DraftWindow, int]:
+        """`window` filled with fresh drafts to `target` and its first draft settled, with the
+        drafts AC kept."""
+        window = self.fill(ctx, window, report.proposal_logits, report.num_committed, target)
+        return self.first_after_rejection(ctx, report, window, kept)
 
     def next(self, ctx: DraftContext, report: PassReport) -> Draft:
         window, kept, _ = self.next_window(ctx, report)
@@ -386,17 +395,25 @@ class BudgetDrafter(PACDrafter):
     def pass_seconds(self, nodes: int) -> float:
         return self.cost(nodes) + self.overhead.mean
 
+    # The tree is chosen before the window is filled: it depends on how many drafts were
+    # carried, not on their values, and the fresh drafts past its main chain would be thrown away.
     def first(self, ctx: DraftContext, logits: torch.Tensor, start: int, target: int) -> Draft:
-        window = self.fill(ctx, DraftWindow.empty_like(ctx, logits), logits, start, target)
-        return self.budget_draft(ctx, window, start, carried=0, kept=0)
+        window = DraftWindow.empty_like(ctx, logits)
+        tree, nodes = self.choose_tree(window, 0, min(target, ctx.num_tokens - start))
+        window = self.fill(ctx, window, logits, start, tree.window)
+        return self.tree_draft(ctx, window, start, tree, nodes, kept=0)
 
     def next(self, ctx: DraftContext, report: PassReport) -> Draft:
         self.observe(report)
         self.last = report if self.side_rows else None  # it holds the pass's p: kept only for side rows
-        window, kept, carried = self.next_window(ctx, report)
         outcome = report.outcome
         self.after_leaf = not outcome.rejected and any(outcome.branch)
-        return self.budget_draft(ctx, window, report.num_committed, carried, kept)
+        start = report.num_committed
+        window, kept = self.carried_window(ctx, report)
+        length = max(len(window), min(report.target, ctx.num_tokens - start))  # the window filled to the target
+        tree, nodes = self.choose_tree(window, len(window), length)
+        window, kept = self.complete_window(ctx, report, window, kept, tree.window)
+        return self.tree_draft(ctx, window, start, tree, nodes, kept)
 
     def observe(self, report: PassReport) -> None:
         """Count, along the pass's accepted path, which candidate slot won at each position."""
@@ -416,10 +433,10 @@ class BudgetDrafter(PACDrafter):
             if accepted[node] > 0:
                 deviation = pos
 
-    def budget_draft(self, ctx: DraftContext, window: DraftWindow, start: int, carried: int, kept: int) -> Draft:
-        """The budget's tree over `window`: the window cut to the chosen main chain, candidates
-        drawn at the positions that branch, the pass padded to the budget."""
-        classes = position_classes(carried, len(window), self.after_leaf)
+    def choose_tree(self, window: DraftWindow, carried: int, length: int) -> Tuple[BudgetTree, int]:
+        """The budget's tree over a window of `length` drafts whose first `carried` were carried
+        from the last pass, and the nodes its pass is padded to."""
+        classes = position_classes(carried, length, self.after_leaf)
         leaf_value = max(0.0, self.accepted_after[True].mean - self.accepted_after[False].mean)
         vocab = int(window.q.shape[-1])
         win, width = self.table.win_probabilities(), min(self.max_width, vocab)
@@ -436,8 +453,14 @@ class BudgetDrafter(PACDrafter):
         if len(tree.paths) > nodes:  # the pass is padded to `nodes`: a larger tree cannot be laid out
             raise RuntimeError(f"internal error: the budget's tree has {len(tree.paths)} nodes, more than the "
                                f"{nodes} of its pass")
-        window = DraftWindow(window.tokens[: tree.window], window.q[: tree.window])
         self.classes = classes[: tree.window]
+        return tree, nodes
+
+    def tree_draft(self, ctx: DraftContext, window: DraftWindow, start: int, tree: BudgetTree, nodes: int,
+                   kept: int) -> Draft:
+        """The draft of `tree` over `window`: the window cut to the tree's main chain, candidates
+        drawn at the positions that branch, the pass padded to `nodes`."""
+        window = DraftWindow(window.tokens[: tree.window], window.q[: tree.window])
         levels = max((pos + 1 for pos, w in enumerate(tree.widths) if w > 1), default=0)
         if not levels:
             return Draft(window, None, kept, nodes)

@@ -759,13 +759,13 @@ def _beside_with_replacement(original):
 
 
 def _unseen_rows_verified_against_law(original):
-    def faulty(ctx, laws, window, start, cands, valid):
+    def faulty(ctx, laws, window, start, rows, width):
         # Every row's candidates verified against the law, also a row whose neighbours the law has
-        # never seen (it keeps the candidates it drew from its own q).
-        out_cands, out_valid, beside = original(ctx, laws, window, start, cands, valid)
+        # never seen (its candidates were drawn from its own q).
+        out_cands, out_valid, beside = original(ctx, laws, window, start, rows, width)
         if beside is None:
             return out_cands, out_valid, beside
-        positions = ctx.positions[start : start + cands.shape[0]]
+        positions = ctx.positions[start : start + rows]
         law, _ = laws.window_law(start, window.tokens, ctx.committed, ctx.constraints.mask(positions))
         return out_cands, out_valid, law.to(beside.dtype)
     return faulty

@@ -608,14 +608,15 @@ def test_planted_unnormalised_first_draft_proposals_are_caught(monkeypatch, weig
 # candidate moves); under the rejection rule exact because verification subtracts the law they
 # were drawn from (recursive_rejection_rows' `beside`), and biased where it subtracts q instead.
 def _law_candidate_rows(monkeypatch):
-    """Counts, per call of Drafter.candidates_from_law that acted, whether it changed a row."""
+    """Counts, per call of Drafter.candidates_from_law that acted, whether the law (not a row's
+    own q) proposed a row's candidates."""
     original = drafters.Drafter.candidates_from_law
     changed = []
 
-    def recording(ctx, laws, window, start, cands, valid):
-        out = original(ctx, laws, window, start, cands, valid)
+    def recording(ctx, laws, window, start, rows, width):
+        out = original(ctx, laws, window, start, rows, width)
         if out[2] is not None:
-            changed.append(bool((out[0] != cands).any()))
+            changed.append(bool((out[2] != window.q[:rows]).any()))
         return out
 
     monkeypatch.setattr(drafters.Drafter, "candidates_from_law", staticmethod(recording))
@@ -698,11 +699,11 @@ def _law_context(vocab: int, num_tokens: int, committed) -> drafters.DraftContex
         init_proposal="nearest", positions=torch.arange(num_tokens + 4), committed=torch.tensor(committed))
 
 
-def test_rows_the_law_has_not_seen_keep_their_own_candidates_and_q():
+def test_rows_the_law_has_not_seen_draw_from_their_own_q():
     """Drafter.candidates_from_law on hand-made values: the law has seen token 1 (to the left of
     window row 0) and not token 3 (the draft left of row 1), so row 0 takes the law's candidates
-    and verifies them against the law, and row 1 keeps the draw from its own q, verified against
-    that q. The planted fault (row 1 verified against the law too) must change row 1's law."""
+    and verifies them against the law, and row 1 draws from its own q, verified against that q.
+    The planted fault (row 1 verified against the law too) must change row 1's law."""
     vocab = 5
     laws = NeighbourLaws(vocab, 0, torch.device("cpu"))
     laws.add(torch.tensor([1]), torch.tensor([1]), torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.4]]),
@@ -710,16 +711,17 @@ def test_rows_the_law_has_not_seen_keep_their_own_candidates_and_q():
     ctx = _law_context(vocab, 6, [0, 1, 0, 0, 0, 0])
     q = torch.tensor([[0.6, 0.1, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.1, 0.6]])
     window = DraftWindow(torch.tensor([3, 4]), q)
-    cands, valid = torch.tensor([[3, 0, 2], [4, 0, 1]]), torch.ones(2, 3, dtype=torch.bool)
 
     def rows():
-        return drafters.Drafter.candidates_from_law(ctx, laws, window, 2, cands, valid)
+        return drafters.Drafter.candidates_from_law(ctx, laws, window, 2, 2, 3)
 
     out, out_valid, beside = rows()
     law, seen = laws.window_law(2, window.tokens, ctx.committed, torch.ones(2, vocab, dtype=torch.bool))
     assert seen.tolist() == [True, False]
     assert out[0, 0] == 3 and 3 not in out[0, 1:].tolist() and torch.equal(beside[0], law[0])
-    assert torch.equal(out[1], cands[1]) and torch.equal(out_valid[1], valid[1]) and torch.equal(beside[1], q[1])
+    # the law gives token 0 almost nothing (it never followed token 1): the other slots take 2 and 4, or 1
+    assert out_valid[0].tolist() == [True, True, True] and 0 not in out[0, 1:].tolist()
+    assert out[1, 0] == 4 and len(set(out[1].tolist())) == 3 and out_valid[1].all() and torch.equal(beside[1], q[1])
     with planted_fault("unseen_rows_verified_against_law") as calls:
         _, _, faulty = rows()
     assert calls.count > 0 and not torch.allclose(faulty[1], q[1])
@@ -747,10 +749,10 @@ def test_law_candidates_with_many_unseen_rows_match_the_markov_marginals(monkeyp
     original = drafters.Drafter.candidates_from_law
     seen_rows: list = []
 
-    def recording(ctx, laws, window, start, cands, valid):
-        out = original(ctx, laws, window, start, cands, valid)
+    def recording(ctx, laws, window, start, rows, width):
+        out = original(ctx, laws, window, start, rows, width)
         if out[2] is not None:
-            positions = ctx.positions[start : start + cands.shape[0]]
+            positions = ctx.positions[start : start + rows]
             seen_rows.extend(laws.window_law(start, window.tokens, ctx.committed,
                                              ctx.constraints.mask(positions))[1].tolist())
         return out

@@ -152,24 +152,25 @@ class Drafter(ABC):
 
     @staticmethod
     def candidates_from_law(ctx: DraftContext, laws: Optional[NeighbourLaws], window: DraftWindow, start: int,
-                            cands: torch.Tensor, valid: torch.Tensor
-                            ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """The candidate rows of the window's first positions (row r: position start + r) with the
-        draft kept in slot 0 (the drafts behind it were continued from it) and the other slots
-        from the neighbour law there, given the token to the left and the token above on the
-        main chain (`NeighbourLaws.window_law`), by the rule's `candidates_beside`; a row whose
-        neighbours the law has not seen keeps its own. Returns (candidates, valid, beside_q):
-        beside_q [rows, V] is the law each row's other slots came from (its window q where it
-        kept its own), for verification; None where nothing changed."""
-        if laws is None or cands.shape[1] < 2:
-            return cands, valid, None
-        rows, width = cands.shape
+                            rows: int, width: int) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """The candidate rows of the window's first `rows` positions (row r: position start + r),
+        `width` slots each, in one draw: slot 0 the draft (the drafts behind it were continued
+        from it), the others drawn without replacement, the draft left out, by the rule's
+        `candidates_beside` from the neighbour law there given the token to the left and the token
+        above on the main chain (`NeighbourLaws.window_law`), or from the row's own q where the
+        law has seen neither token (the draft was drawn from that q, so the row is then one draw
+        without replacement from it, as `rule.candidates` makes it). Returns (candidates, valid,
+        beside_q): beside_q [rows, V] is the law each row's other slots came from, for
+        verification; without laws, the rule's draw from q and None."""
         positions = ctx.positions[start : start + rows]
+        q, first = window.q[:rows], window.tokens[:rows]
+        if laws is None or width < 2:
+            cands, valid = ctx.rule.candidates(q, first, width, positions)
+            return cands, valid, None
         law, seen = laws.window_law(start, window.tokens, ctx.committed, ctx.constraints.mask(positions))
-        tokens, tokens_valid = ctx.rule.candidates_beside(law, window.tokens[:rows], width, positions)
-        use = seen.unsqueeze(1)
-        beside_q = torch.where(use, law.to(window.q.dtype), window.q[:rows])
-        return torch.where(use, tokens, cands), torch.where(use, tokens_valid, valid), beside_q
+        beside_q = torch.where(seen.unsqueeze(1), law.to(q.dtype), q)
+        cands, valid = ctx.rule.candidates_beside(beside_q, first, width, positions)
+        return cands, valid, beside_q
 
     @staticmethod
     def shaped_tree(ctx: DraftContext, window: DraftWindow, start: int, widths: Sequence[int],
@@ -304,10 +305,10 @@ class PACDrafter(SJDDrafter):
         levels = self.tree
         tree = self.shaped_tree(ctx, window, start, levels.widths if widths is None else widths, levels.side_chain,
                                 levels.chain_width)
-        if tree is None or not self.law_candidates:
+        if tree is None or not self.law_candidates or self.mixture.laws is None:
             return tree
-        cands, valid, beside_q = self.candidates_from_law(ctx, self.mixture.laws, window, start, tree.candidates,
-                                                          tree.valid)
+        cands, valid, beside_q = self.candidates_from_law(ctx, self.mixture.laws, window, start,
+                                                          *tree.candidates.shape)
         return replace(tree, candidates=cands, valid=valid, beside_q=beside_q)
 
     def continue_window(self, ctx: DraftContext, report: PassReport) -> Tuple[DraftWindow, int]:
@@ -465,11 +466,8 @@ class BudgetDrafter(PACDrafter):
         if not levels:
             return Draft(window, None, kept, nodes)
         width = max(tree.widths + tree.own_widths)
-        cands, valid = ctx.rule.candidates(window.q[:levels], window.tokens[:levels], width,
-                                           ctx.positions[start : start + levels])
-        beside_q = None
-        if self.law_candidates:
-            cands, valid, beside_q = self.candidates_from_law(ctx, self.mixture.laws, window, start, cands, valid)
+        laws = self.mixture.laws if self.law_candidates else None
+        cands, valid, beside_q = self.candidates_from_law(ctx, laws, window, start, levels, width)
         own_q = None
         if tree.own_rows:  # (side candidate's slot, level below it) per row
             rows = [(path[0], len(path) - 1) for path in tree.own_rows]

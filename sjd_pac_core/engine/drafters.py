@@ -21,7 +21,7 @@ The exactness contract every drafter keeps (spec sections 2-4):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Tuple
 
 import torch
@@ -174,24 +174,35 @@ class Drafter(ABC):
 
     @staticmethod
     def shaped_tree(ctx: DraftContext, window: DraftWindow, start: int, widths: Sequence[int],
-                    side_chain: int = 0, chain_width: int = 1) -> Optional[TreeDraft]:
+                    side_chain: int = 0, chain_width: int = 1,
+                    laws: Optional[NeighbourLaws] = None) -> Optional[TreeDraft]:
         """A level tree with widths[d] candidates at window position d (one rule call: a draw of
         max(widths) without replacement per level, of which level d uses the first widths[d]
         slots, and a prefix of a draw without replacement is itself one), side chains of
         `side_chain` drafts on its one-deviation leaves (cut to the drafts the window has), and
         `chain_width` - 1 siblings beside every chain draft (one vectorised draw of
-        `chain_width` per chain position, its first slot the draft itself)."""
+        `chain_width` per chain position, its first slot the draft itself). With `laws`, every
+        candidate row is one `candidates_from_law` draw instead."""
         levels = min(len(widths), len(window))
         if levels <= 0:
             return None
         vocab = int(window.q.shape[-1])  # a level never draws more tokens than there are
         widths = tuple(min(w, vocab) for w in widths[:levels])
         chain_width = min(chain_width, vocab)
+        chain = len(window) - levels
+        if chain_width <= 1 or not chain:
+            chain_width = 1
+        leaves = one_deviation_leaves(widths) if side_chain and chain else ()
+        shape = level_tree_shape(widths, chain, leaves, min(side_chain, chain), chain_width)
+        if laws is not None:
+            rows = levels + (chain if chain_width > 1 else 0)
+            cands, valid, beside_q = Drafter.candidates_from_law(ctx, laws, window, start, rows,
+                                                                 max(max(widths), chain_width))
+            return TreeDraft(cands, valid, shape, widths, beside_q=beside_q)
         rows = slice(0, levels)
         cands, valid = ctx.rule.candidates(window.q[rows], window.tokens[rows], max(widths),
                                            ctx.positions[start : start + levels])
-        chain = len(window) - levels
-        if chain_width > 1 and chain:
+        if chain_width > 1:
             # The siblings' rows join the candidate rows (padding slots where the widths differ).
             more, more_valid = ctx.rule.chain_candidates(window.q[levels:], window.tokens[levels:], chain_width,
                                                          ctx.positions[start + levels : start + len(window)])
@@ -200,10 +211,6 @@ class Drafter(ABC):
             valid, more_valid = (torch.nn.functional.pad(v, (0, width - v.shape[1]), value=False)
                                  for v in (valid, more_valid))
             cands, valid = torch.cat([cands, more]), torch.cat([valid, more_valid])
-        else:
-            chain_width = 1
-        leaves = one_deviation_leaves(widths) if side_chain and chain else ()
-        shape = level_tree_shape(widths, chain, leaves, min(side_chain, chain), chain_width)
         return TreeDraft(cands, valid, shape, widths)
 
 
@@ -303,13 +310,8 @@ class PACDrafter(SJDDrafter):
         """The level tree on the window's first positions: `widths` (the window policy's choice,
         e.g. a narrower tree on hardware where nodes cost) or the configured ones."""
         levels = self.tree
-        tree = self.shaped_tree(ctx, window, start, levels.widths if widths is None else widths, levels.side_chain,
-                                levels.chain_width)
-        if tree is None or not self.law_candidates or self.mixture.laws is None:
-            return tree
-        cands, valid, beside_q = self.candidates_from_law(ctx, self.mixture.laws, window, start,
-                                                          *tree.candidates.shape)
-        return replace(tree, candidates=cands, valid=valid, beside_q=beside_q)
+        return self.shaped_tree(ctx, window, start, levels.widths if widths is None else widths, levels.side_chain,
+                                levels.chain_width, self.mixture.laws if self.law_candidates else None)
 
     def continue_window(self, ctx: DraftContext, report: PassReport) -> Tuple[DraftWindow, int]:
         """Adaptive Continuation: the verdict's own draw at each node, which keeps the old draft

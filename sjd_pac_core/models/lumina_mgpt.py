@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from abc import abstractmethod
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -215,14 +216,31 @@ class LuminaImageModel(ARImageModel):
         self._layouts: Dict[str, ImageLayout] = {}
         self._last_resolution: Optional[str] = None
 
+    @abstractmethod
     def text_ids(self, prompt: str, resolution: str) -> List[int]:
         """The prompt's text turn as token ids, its end-of-turn included."""
-        raise NotImplementedError
 
     @property
+    @abstractmethod
     def decoder(self) -> torch.nn.Module:
         """The VQ decoder (with decode_codes(grid) -> pixels)."""
-        raise NotImplementedError
+
+    QUANTIZED_LAYERS = r"model\.layers"  # the decoder layers: the only quantized linears
+
+    @classmethod
+    def chameleon_shape(cls, family: str, model: torch.nn.Module, cfg: ChameleonConfig, codes: int,
+                        decoder_params: int, image_tokens: Dict[str, int]) -> FamilyShape:
+        """The memory plan's view of a Lumina Chameleon built on the meta device: its weights by
+        kind (the image head and embedding rows of `codes` image codes plus the row and image
+        ends, the fp32 decoder's `decoder_params`), its attention shape and tokens per image."""
+        return FamilyShape(
+            family=family,
+            weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", codes + 2),
+                           embedding=("model.embed_tokens", codes + 2), extra_fp32=decoder_params),
+            layers=cfg.num_hidden_layers, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.hidden_size // cfg.num_attention_heads, hidden=cfg.hidden_size,
+            intermediate=cfg.intermediate_size, sampler_vocab=codes + 2, image_tokens=image_tokens,
+        )
 
     def to_pictures(self, pixels: torch.Tensor) -> List[Image.Image]:
         return pixels_to_pil(pixels)
@@ -309,8 +327,6 @@ class LuminaMGPTImageModel(LuminaImageModel):
     SAMPLER_DEFAULTS = dict(cfg_scale=3.0, temperature=1.0, top_k=2000)
 
     # --- loading ------------------------------------------------------------------------------
-    QUANTIZED_LAYERS = r"model\.layers"  # the decoder layers: the only quantized linears
-
     @classmethod
     def matches(cls, folder: Path, config: dict) -> bool:
         return config.get("model_type") == "chameleon"
@@ -329,17 +345,9 @@ class LuminaMGPTImageModel(LuminaImageModel):
             raise ModelLoadError(str(exc)) from None
         with torch.device("meta"):
             decoder_params = sum(p.numel() for p in ChameleonVQGANDecoder(vq_config).parameters())
-        codes = vq_config.n_embed
         target = default_sizes(folder)[0] if folder is not None else LUMINA_SIZES[0]
-        head_dim = cfg.hidden_size // cfg.num_attention_heads
-        return FamilyShape(
-            family="lumina_mgpt",
-            weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", codes + 2),
-                           embedding=("model.embed_tokens", codes + 2), extra_fp32=decoder_params),
-            layers=cfg.num_hidden_layers, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
-            head_dim=head_dim, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, sampler_vocab=codes + 2,
-            image_tokens={f"{w}x{h}": (h // 16) * (w // 16 + 1) + 1 for w, h in trained_sizes(target)},
-        )
+        return cls.chameleon_shape("lumina_mgpt", model, cfg, vq_config.n_embed, decoder_params,
+                                   {f"{w}x{h}": (h // 16) * (w // 16 + 1) + 1 for w, h in trained_sizes(target)})
 
     @classmethod
     def load(

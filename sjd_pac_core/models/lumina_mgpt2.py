@@ -36,7 +36,8 @@ from .image_model import FamilyDefaults
 from .kept_parts import keep_what_sampling_uses
 from .lumina_mgpt import (END_OF_LINE, END_OF_TURN, IMAGE_END, IMAGE_START, PROMPT_TEMPLATE, LuminaLayoutChameleon,
                           LuminaImageModel, LuminaMGPTImageModel, grid_token_name, parse_size)
-from .memory import FamilyShape, census
+from .config_checks import built_config, meta_model
+from .memory import FamilyShape
 from .movqgan import (MOVQGAN_270M, MoVQDecoder, MoVQLoadError, load_movq_decoder, movq_config_of,
                       pixels_to_pil_rounded)
 from .sizes import LUMINA2_TARGETS, PIXELS_PER_GRID, trained_sizes
@@ -127,7 +128,6 @@ def _vocab_size(config: dict) -> int:
 class LuminaMGPT2ImageModel(LuminaImageModel):
     family = "lumina_mgpt2"
     supports_device_map = True
-    QUANTIZED_LAYERS = r"model\.layers"  # the decoder layers: the only quantized linears
 
     def __init__(self, model, movq: MoVQDecoder, tokenizer, vocab: Lumina2Vocabulary,
                  resolutions: Tuple[str, ...]) -> None:
@@ -158,9 +158,9 @@ class LuminaMGPT2ImageModel(LuminaImageModel):
     def memory_shape(cls, config: dict, folder: Optional[Path] = None) -> FamilyShape:
         """The plan's view of this config (built on the meta device: no memory), with the MoVQGAN
         decoder (fp32) of the file beside it, or MoVQGAN-270M's."""
-        cfg = ChameleonConfig.from_dict(dict(config, vocabulary_map=config.get("vocabulary_map") or {}))
-        with torch.device("meta"):
-            model = LuminaLayoutChameleon(cfg)
+        path = (folder or Path(".")) / "config.json"
+        cfg = built_config(ChameleonConfig, dict(config, vocabulary_map=config.get("vocabulary_map") or {}), path)
+        model = meta_model(LuminaLayoutChameleon, cfg, path)
         movq_path = find_movqgan(folder) if folder is not None else None
         movq = MOVQGAN_270M
         if movq_path is not None:
@@ -170,16 +170,8 @@ class LuminaMGPT2ImageModel(LuminaImageModel):
                 pass  # loading names what is wrong with the file; the plan assumes the published one
         with torch.device("meta"):
             decoder_params = sum(p.numel() for p in MoVQDecoder(movq).parameters())
-        head_dim = cfg.hidden_size // cfg.num_attention_heads
-        return FamilyShape(
-            family="lumina_mgpt2",
-            weights=census(model, cls.QUANTIZED_LAYERS, head=("lm_head", movq.n_embed + 2),
-                           embedding=("model.embed_tokens", movq.n_embed + 2), extra_fp32=decoder_params),
-            layers=cfg.num_hidden_layers, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
-            head_dim=head_dim, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
-            sampler_vocab=movq.n_embed + 2,
-            image_tokens={r: image_tokens(r, movq.downsample) for r in trained_resolutions()},
-        )
+        return cls.chameleon_shape("lumina_mgpt2", model, cfg, movq.n_embed, decoder_params,
+                                   {r: image_tokens(r, movq.downsample) for r in trained_resolutions()})
 
     @classmethod
     def load(

@@ -684,8 +684,9 @@ class Bench:
         s = self.setup
         trace = out / f"profile_{row.key.replace(':', '_').replace('@', '_')}.json"
         print(f"profiling {row.key} ...", flush=True)
-        profiled = profile_stages(lambda: sampler_run(s.twin, row, row_config(row, s.base), s.prompts[0], 0, s.seed, -2),
-                                  s.twin.device, trace)
+        config = row_config(row, s.base)
+        profiled = profile_stages(lambda: sampler_run(s.twin, row, config, s.prompts[0], 0, s.seed, -2), s.twin.device,
+                                  trace)
         return {"row": row.key, "label": row.label, **asdict(profiled)}
 
     def control(self, rows: Sequence[Row]) -> Dict[str, object]:

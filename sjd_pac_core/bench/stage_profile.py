@@ -5,7 +5,8 @@ and masks), forward (the model), verify (every node's decision, on the device), 
 one host sync: on a GPU it waits for the forward and verification to finish), commit (the path
 and the cache's compaction) and draft (the next pass's drafts and tree). Per pass: each stage's
 host time (the CPU time spent inside it, launches included) and, on a GPU, its device time (the
-kernels it launched); the host time outside every stage is the loop's own bookkeeping.
+kernels it launched); the time outside every stage is the prompt's encoding, the prefill, the
+picture's decoding and the loop's own bookkeeping.
 
     python benchmarks/gpu_e2e.py --device cuda --profile best     # the fastest SJD-PAC row
 """
@@ -41,7 +42,8 @@ class StageProfile:
 
     @property
     def outside_ms_per_pass(self) -> float:
-        """Wall time per pass outside every stage (the loop's bookkeeping, and the prompt's pass)."""
+        """Wall time per pass outside every stage (the prompt, the prefill, the picture's decoding
+        and the loop's bookkeeping)."""
         return self.wall_ms_per_pass - sum(s.host_ms_per_pass for s in self.stages)
 
 
@@ -84,6 +86,7 @@ def stage_table(profile: StageProfile) -> List[str]:
         row = f"| {s.stage} | {s.host_ms_per_pass:.3f} | {100 * s.host_ms_per_pass / profile.wall_ms_per_pass:.0f}% |"
         lines.append(row + (f" {s.device_ms_per_pass:.3f} |" if gpu else ""))
     outside = profile.outside_ms_per_pass
-    lines.append(f"| outside the stages (prompt, prefill, decoding, bookkeeping) | {outside:.3f} | {100 * outside / profile.wall_ms_per_pass:.0f}% |"
+    share = 100 * outside / profile.wall_ms_per_pass
+    lines.append(f"| outside the stages (prompt, prefill, decoding, bookkeeping) | {outside:.3f} | {share:.0f}% |"
                  + (" - |" if gpu else ""))
     return lines

@@ -26,7 +26,10 @@ def copy_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def arrays_to_device(arrays: Sequence[np.ndarray], device: torch.device) -> List[torch.Tensor]:
     """Integer host arrays as long tensors on `device` in one copy (views of one buffer): on a
-    GPU every copy is a transfer of its own, and a pass's index tensors are many and small."""
+    GPU every copy is a transfer of its own, and a pass's index tensors are many and small. On
+    the CPU they are the arrays' own memory: nothing to copy."""
+    if device.type == "cpu":
+        return [torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in arrays]
     flat = np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in arrays])
     buffer = copy_to_device(torch.from_numpy(flat), device)
     ends = np.cumsum([0] + [int(np.size(a)) for a in arrays]).tolist()

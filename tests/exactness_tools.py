@@ -627,11 +627,11 @@ def _side_chain_main_context(original):
 
 
 def _branch_behind_side_main_context(original):
-    def faulty(shape):
+    def faulty(parents, slots, shape=None):
         # A branch behind a side candidate (any depth, as a budget tree grows them) verified as
         # if the main chain's draft stood where the side candidate does: every node below a side
         # node attends to the main branch's node of that depth instead of the side node.
-        layout = original(shape)
+        layout = original(parents, slots, shape)
         main, depths, slots = layout.main_nodes, layout.node_depths, layout.node_slots
         attend = layout.attend.clone()
         changed = False
@@ -823,8 +823,9 @@ FAULTS = {
     "padding_columns_unmasked": ("sjd_pac_core.sampling.tree", "tree_attention_mask", _padding_unmasked),
     "auto_window_always_1": ("sjd_pac_core.engine.window", "AutoWindow.next_window", _always_window_1),
     "side_chain_main_context": ("sjd_pac_core.sampling.tree", "tree_layout", _side_chain_main_context),
-    # a budget's tree is laid out afresh every pass (build_layout, not the cached tree_layout)
-    "branch_behind_side_main_context": ("sjd_pac_core.sampling.tree", "build_layout", _branch_behind_side_main_context),
+    # every tree is laid out here: a budget's every pass (ranked from its node arrays, greedy from its paths)
+    "branch_behind_side_main_context": ("sjd_pac_core.sampling.tree", "layout_of_nodes",
+                                        _branch_behind_side_main_context),
     "chain_siblings_uniform": ("sjd_pac_core.sampling.rules", "RejectionRule.chain_candidates", _uniform_chain_siblings),
     "all_slots_valid": ("sjd_pac_core.sampling.verify", "candidate_validity", _all_slots_valid),
     "uncond_row_deep_positions": ("sjd_pac_core.sampling.tree", "tree_position_ids", _uncond_row_deep_positions),

@@ -402,3 +402,15 @@ def test_compiled_auto_window_keeps_to_its_compiled_sizes_and_the_ar_tokens(lm, 
     chosen = {e - 1 - (0 if e - 1 in COMPILED_CANDIDATE_WINDOWS else side) for e in envelopes}
     assert len(chosen) > 1, "the auto window never moved"
     assert torch.equal(out.tokens, ar.tokens)
+
+
+def test_arrays_to_device_keeps_every_array_its_shape_and_values():
+    import numpy as np
+
+    from sjd_pac_core.transfer import arrays_to_device
+
+    arrays = [np.arange(5), np.zeros(0, dtype=np.int32), np.array([[3, 1], [4, 1]], dtype=np.int16), np.array([7])]
+    out = arrays_to_device(arrays, torch.device("cpu"))
+    assert [t.dtype for t in out] == [torch.long] * 4
+    assert [tuple(t.shape) for t in out] == [(5,), (0,), (2, 2), (1,)]
+    assert all(np.array_equal(t.numpy(), a) for t, a in zip(out, arrays))

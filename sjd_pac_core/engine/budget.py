@@ -62,6 +62,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..sampling.tree import TreeLayout, TreeShape, build_layout, layout_of_nodes
 from .side_rows import own_row_level
 
 Path = Tuple[int, ...]
@@ -174,20 +175,38 @@ class DecayedMean:
         return self.total / self.weight
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BudgetTree:
-    """The chosen tree: slot paths (parents first), the main chain's length (the window the pass
-    feeds), candidates per window position (its position rows), the nodes that own a proposal
-    with their children's count (`own_rows`, `own_widths`), and the expected accepted drafts
-    after each node was added (`expected[k - 1]`: the tree of its first k nodes, itself a valid
-    tree)."""
+    """The chosen tree: its nodes laid out in the order they were added (every prefix a valid
+    tree), the main chain's length (the window the pass feeds), candidates per window position
+    (its position rows), the nodes that own a proposal with their children's count (`own_rows`,
+    `own_widths`), and the expected accepted drafts after each node was added (`expected[k -
+    1]`: the tree of its first k nodes)."""
 
-    paths: Tuple[Path, ...]
+    layout: TreeLayout
     window: int
     widths: Tuple[int, ...]
     expected: Tuple[float, ...]
     own_rows: Tuple[Path, ...] = ()
     own_widths: Tuple[int, ...] = ()
+
+    @property
+    def paths(self) -> Tuple[Path, ...]:
+        """The nodes as slot paths (root excluded), in the order they were added."""
+        return self.layout.shape.paths
+
+    @property
+    def num_nodes(self) -> int:
+        """The nodes beyond the root."""
+        return self.layout.num_nodes - 1
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BudgetTree):
+            return NotImplemented
+        return ((self.paths, self.window, self.widths, self.expected, self.own_rows, self.own_widths)
+                == (other.paths, other.window, other.widths, other.expected, other.own_rows, other.own_widths))
+
+    __hash__ = None  # compared by value, never a key
 
     @staticmethod
     def of(paths: Sequence[Path], expected: Sequence[float], own_rows: bool) -> "BudgetTree":
@@ -202,12 +221,26 @@ class BudgetTree:
                 owners[parent] = max(owners.get(parent, 0), p[-1] + 1)
             else:
                 widths[len(p) - 1] = max(widths[len(p) - 1], p[-1] + 1)
-        return BudgetTree(tuple(paths), window, tuple(widths), tuple(expected), tuple(owners),
-                          tuple(owners.values()))
+        layout = build_layout(TreeShape(tuple(paths), tuple(owners)))
+        return BudgetTree(layout, window, tuple(widths), tuple(expected), tuple(owners), tuple(owners.values()))
+
+    @staticmethod
+    def of_nodes(parents: np.ndarray, slots: np.ndarray, expected: Sequence[float]) -> "BudgetTree":
+        """The tree of nodes given as arrays, root first (no node owns a proposal), in whole-array
+        steps: its main chain and the candidates of each window position."""
+        layout = layout_of_nodes(parents, slots)
+        window = len(layout.main_nodes) - 1
+        widths = np.zeros(window, dtype=np.int64)
+        np.maximum.at(widths, np.asarray(layout.node_depths[1:]) - 1, np.asarray(layout.node_slots[1:]) + 1)
+        return BudgetTree(layout, window, tuple(widths.tolist()), tuple(expected))
 
     def first(self, nodes: int) -> "BudgetTree":
         """The tree of the first `nodes` nodes added."""
-        return BudgetTree.of(self.paths[:nodes], self.expected[:nodes], bool(self.own_rows))
+        if self.own_rows:
+            return BudgetTree.of(self.paths[:nodes], self.expected[:nodes], own_rows=True)
+        kept = slice(0, nodes + 1)  # the root and the first `nodes` added
+        return BudgetTree.of_nodes(np.asarray(self.layout.node_parents[kept]), np.asarray(self.layout.node_slots[kept]),
+                                   self.expected[:nodes])
 
 
 def run_means(win: np.ndarray, width_cap: int) -> np.ndarray:
@@ -383,13 +416,8 @@ def ranked_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width:
     value = np.concatenate(values)
     order = top_ranked(value, budget)
     order = order[value[order] > 0]
-    # The tree's main chain and each position row's width, from the chosen indices: main-chain
-    # nodes are the first `window` of the superset, a side candidate (j, s) widens row j to s + 1.
-    sides = order[(order >= window) & (order < window * width)] - window
-    widths = np.ones(int((order < window).sum()), dtype=np.int64)
-    np.maximum.at(widths, sides // max(width - 1, 1), sides % max(width - 1, 1) + 2)
-    return BudgetTree(tuple(superset_paths(order, window, width - 1)), len(widths), tuple(widths.tolist()),
-                      tuple(np.cumsum(np.concatenate(chances)[order]).tolist()))
+    parents, slots = superset_nodes(order, window, width - 1, value.size)
+    return BudgetTree.of_nodes(parents, slots, tuple(np.cumsum(np.concatenate(chances)[order]).tolist()))
 
 
 def top_ranked(value: np.ndarray, count: int) -> np.ndarray:
@@ -408,24 +436,32 @@ def top_ranked(value: np.ndarray, count: int) -> np.ndarray:
     return picked[np.lexsort((picked, -value[picked]))]
 
 
-def superset_paths(nodes: np.ndarray, window: int, sides: int) -> List[Path]:
-    """The slot paths of `ranked_tree`'s superset nodes by index: the main chain's `window`,
-    then `sides` candidates per position, then each branch level's (window - e) x sides."""
-    paths: List[Path] = []
-    zeros = [(0,) * k for k in range(window + 1)]
-    for node in nodes.tolist():  # the chosen nodes' paths, for the tree shape
-        if node < window:
-            paths.append(zeros[node + 1])
-            continue
-        node -= window
-        level, rows = 0, window
-        while node >= rows * sides:  # which branch level (a few)
-            node -= rows * sides
-            level += 1
-            rows = window - level
-        j, slot = divmod(node, sides)
-        paths.append(zeros[j] + (slot + 1,) + zeros[level])
-    return paths
+def superset_nodes(nodes: np.ndarray, window: int, sides: int, size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The parents and slots (root first, then the chosen `nodes` in their order) of nodes of
+    `ranked_tree`'s superset of `size` nodes, by index: the main chain's `window` (position j:
+    slot 0 below position j - 1's), then `sides` candidates per position (position j, slot s:
+    below position j - 1's main-chain node), then each branch level e's (window - e) x sides
+    (slot 0 below the same candidate's node at level e - 1). A parent comes before its child."""
+    nodes = np.asarray(nodes, dtype=np.int64)
+    starts = [0, window]  # where each block starts: the main chain, side level 0, branch levels 1, 2, ...
+    while starts[-1] < size:
+        starts.append(starts[-1] + (window - (len(starts) - 2)) * sides)
+    starts = np.asarray(starts[:-1], dtype=np.int64)
+    block = np.searchsorted(starts, nodes, side="right") - 1  # 0: main chain, 1 + e: side level e
+    local = nodes - starts[block]
+    main, level = block == 0, block - 1
+    # the parent's superset index (-1: the root): a main-chain node's and a level-0 candidate's is
+    # the main chain one position up; a branch node's, the same candidate's node one level up
+    parent_index = np.where(main, local - 1, np.where(level == 0, local // max(sides, 1) - 1,
+                                                       starts[np.maximum(block - 1, 0)] + local))
+    node_of = np.full(size, -1, dtype=np.int64)
+    node_of[nodes] = np.arange(1, nodes.shape[0] + 1)
+    parents = np.where(parent_index < 0, 0, node_of[np.maximum(parent_index, 0)])
+    if np.any(parents < 0) or np.any(parents > np.arange(nodes.shape[0])):
+        raise RuntimeError("internal error in ranked_tree: a node comes before its parent")
+    slots = np.where(level == 0, local % max(sides, 1) + 1, 0)
+    return (np.concatenate([np.full(1, -1, dtype=np.int64), parents]),
+            np.concatenate([np.zeros(1, dtype=np.int64), slots]))
 
 
 def fastest_budget(expected: Sequence[float], pass_seconds: Callable[[int], float],

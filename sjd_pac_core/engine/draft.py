@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..sampling.tree import TreeShape, chain_shape
+from ..sampling.tree import TreeLayout, TreeShape, chain_shape, tree_layout
 
 
 @dataclass
@@ -45,14 +45,14 @@ class TreeDraft:
 
     candidates: long [levels + R, K]; row d < levels is the draw for window position d (column 0
     is the window's own draft), row levels + r the draw from own_q[r] for the children of
-    shape.own_rows[r]. valid: bool, as candidates; False marks padding slots (q had fewer than K
-    tokens), which are never accepted. shape: the nodes of the pass (any slots of these rows,
+    layout.own_rows[r]. valid: bool, as candidates; False marks padding slots (q had fewer than K
+    tokens), which are never accepted. layout: the nodes of the pass (any slots of these rows,
     the window's drafts beyond them on slot 0).
     """
 
     candidates: torch.Tensor
     valid: torch.Tensor
-    shape: TreeShape
+    layout: TreeLayout
     widths: Tuple[int, ...] = ()  # a level tree's candidates per level (empty for another shape)
     own_q: Optional[torch.Tensor] = None  # float [R, V]: the proposals of shape.own_rows
     # float [B, V]: the laws the slots after the first of position rows 0 .. B - 1 were drawn
@@ -60,9 +60,13 @@ class TreeDraft:
     beside_q: Optional[torch.Tensor] = None
 
     @property
+    def shape(self) -> TreeShape:
+        return self.layout.shape
+
+    @property
     def levels(self) -> int:
         """The position rows (the window positions with candidates)."""
-        return int(self.candidates.shape[0]) - len(self.shape.own_rows)
+        return int(self.candidates.shape[0]) - len(self.layout.own_rows)
 
     @property
     def width(self) -> int:
@@ -79,8 +83,9 @@ class Draft:
     nodes: Optional[int] = None  # pad the pass to this many nodes (a budget drafter's); None: the loop's envelope
 
     @property
-    def shape(self) -> TreeShape:
-        return self.tree.shape if self.tree is not None else chain_shape(len(self.window))
+    def layout(self) -> TreeLayout:
+        """The pass's nodes: the tree's, or the window's chain (laid out once per length)."""
+        return self.tree.layout if self.tree is not None else tree_layout(chain_shape(len(self.window)))
 
     @property
     def proposals(self) -> torch.Tensor:

@@ -13,9 +13,10 @@ The exactness contract every drafter keeps (spec sections 2-4):
   which also says which slots are real (a fixed-width row may hold fewer real candidates); or
   slot 0 the draft and the others a draw from another law known before the pass
   (`ctx.rule.candidates_beside`), which then goes to verification as tree.beside_q[d];
-* tree.shape is any TreeShape whose main branch (slot 0 at every depth) is the whole window and
-  whose other slots lie in the candidate rows (`sampling.tree`); its children-are-a-prefix rule
-  is what keeps recursive rejection exact, and the Gumbel rule is exact for any tree.
+* tree.layout lays out any tree (a TreeShape, or nodes as arrays) whose main branch (slot 0 at
+  every depth) is the whole window and whose other slots lie in the candidate rows
+  (`sampling.tree`); its children-are-a-prefix rule is what keeps recursive rejection exact,
+  and the Gumbel rule is exact for any tree.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..config import SamplerConfig, TreeLevels
 from ..sampling.drafting import initial_proposals, rejected_mixture
 from ..sampling.recipe import SamplingRecipe
 from ..sampling.rules import NodeChildren
-from ..sampling.tree import TreeLayout, TreeShape, level_tree_shape, one_deviation_leaves
+from ..sampling.tree import TreeLayout, level_tree_shape, one_deviation_leaves, tree_layout
 from ..transfer import to_device
 from .budget import (MAX_SLOTS, AcceptanceTable, BudgetTree, DecayedMean, chain_floor, fastest_budget, greedy_tree,
                      path_class, position_classes, ranked_tree)
@@ -198,7 +199,7 @@ class Drafter(ABC):
             rows = levels + (chain if chain_width > 1 else 0)
             cands, valid, beside_q = Drafter.candidates_from_law(ctx, laws, window, start, rows,
                                                                  max(max(widths), chain_width))
-            return TreeDraft(cands, valid, shape, widths, beside_q=beside_q)
+            return TreeDraft(cands, valid, tree_layout(shape), widths, beside_q=beside_q)
         rows = slice(0, levels)
         cands, valid = ctx.rule.candidates(window.q[rows], window.tokens[rows], max(widths),
                                            ctx.positions[start : start + levels])
@@ -211,7 +212,7 @@ class Drafter(ABC):
             valid, more_valid = (torch.nn.functional.pad(v, (0, width - v.shape[1]), value=False)
                                  for v in (valid, more_valid))
             cands, valid = torch.cat([cands, more]), torch.cat([valid, more_valid])
-        return TreeDraft(cands, valid, shape, widths)
+        return TreeDraft(cands, valid, tree_layout(shape), widths)
 
 
 class SJDDrafter(Drafter):
@@ -453,8 +454,8 @@ class BudgetDrafter(PACDrafter):
         if self.cost is not None:
             nodes = fastest_budget(tree.expected, self.pass_seconds) or self.budget
             tree = tree.first(nodes)
-        if len(tree.paths) > nodes:  # the pass is padded to `nodes`: a larger tree cannot be laid out
-            raise RuntimeError(f"internal error: the budget's tree has {len(tree.paths)} nodes, more than the "
+        if tree.num_nodes > nodes:  # the pass is padded to `nodes`: a larger tree cannot be laid out
+            raise RuntimeError(f"internal error: the budget's tree has {tree.num_nodes} nodes, more than the "
                                f"{nodes} of its pass")
         self.classes = classes[: tree.window]
         return tree, nodes
@@ -477,7 +478,7 @@ class BudgetDrafter(PACDrafter):
             positions = to_device(tuple(start + 1 + level for _, level in rows), own_q.device)
             own, own_valid = ctx.rule.candidates(own_q, first, width, positions)
             cands, valid = torch.cat([cands, own]), torch.cat([valid, own_valid])
-        return Draft(window, TreeDraft(cands, valid, TreeShape(tree.paths, tree.own_rows), own_q=own_q,
+        return Draft(window, TreeDraft(cands, valid, tree.layout, own_q=own_q,
                                        beside_q=beside_q), kept, nodes)
 
     def past_nodes(self, position: int) -> Optional[PastNodes]:

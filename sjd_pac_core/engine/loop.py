@@ -32,7 +32,7 @@ from ..sampling.constraint_table import ConstraintTable
 from ..sampling.drafting import adaptive_continuation
 from ..sampling.recipe import SamplingRecipe, TokenConstraints, process
 from ..sampling.rules import NodeChildren
-from ..sampling.tree import TreeLayout, build_layout, layout_bytes, tree_layout
+from ..sampling.tree import TreeLayout, layout_bytes
 from ..transfer import arrays_to_device, copy_to_device, to_device
 from . import drafters
 from .drafters import Draft, DraftContext, PassReport
@@ -135,10 +135,10 @@ class PassShape:
         pad = envelope - s
         index = {(): 0}  # the few nodes that own a proposal: path -> node
         owners = np.full(s, -1, dtype=np.int64)  # node -> its own row (-1: none)
-        if layout.shape.own_rows:
+        if layout.own_rows:
             index = {path: node for node, path in enumerate(((),) + layout.shape.paths)}
-            owners[[index[owner] for owner in layout.shape.own_rows]] = np.arange(len(layout.shape.own_rows))
-        rows = levels + len(layout.shape.own_rows)
+            owners[[index[owner] for owner in layout.own_rows]] = np.arange(len(layout.own_rows))
+        rows = levels + len(layout.own_rows)
         pad_source = 1 + rows * width + window  # the padding token's index in the flat source
         depths = np.asarray(layout.node_depths, dtype=np.int64)
         slots = np.asarray(layout.node_slots, dtype=np.int64)
@@ -157,8 +157,9 @@ class PassShape:
 
         # a node's children were drawn from its depth's window q, or from its own row's
         q_rows = np.where(owners >= 0, window + owners, np.minimum(depths, max(window - 1, 0)))
-        attend = torch.eye(envelope, dtype=torch.bool)
+        attend = torch.zeros(envelope, envelope, dtype=torch.bool)
         attend[:s, :s] = layout.attend
+        attend.diagonal()[s:] = True  # padding sees only itself
         # the index tensors in one host -> device copy (a budget's pass builds them every pass)
         padded_depths, token_source, child_source, q_rows, single, multi, leaves = arrays_to_device(
             [np.concatenate([depths, np.zeros(pad, dtype=np.int64)]),
@@ -166,8 +167,8 @@ class PassShape:
              np.flatnonzero(counts == 1), np.flatnonzero(counts > 1), np.flatnonzero(counts == 0)], device)
         return PassShape(
             layout=layout, envelope=envelope, levels=levels, depths=padded_depths,
-            attend=copy_to_device(attend, device), token_source=token_source, child_source=child_source,
-            q_rows=q_rows, single=single, multi=multi, leaves=leaves,
+            attend=copy_to_device(attend, device), token_source=token_source,
+            child_source=child_source, q_rows=q_rows, single=single, multi=multi, leaves=leaves,
         )
 
     def children(self, flat_tokens: torch.Tensor, flat_valid: torch.Tensor) -> NodeChildren:
@@ -380,7 +381,7 @@ class _Decoder:
         if tree is None:
             side = 0
         elif self.adaptive_tree:  # its shapes vary anyway: pad only to the chosen tree
-            side = tree.shape.num_nodes - 1 - len(window)
+            side = tree.layout.num_nodes - 1 - len(window)
         else:
             side = self.drafter.max_side_nodes
         # The policy's window, not the positions left: the shape stays fixed up to the image's end.
@@ -389,10 +390,10 @@ class _Decoder:
             envelope = 1 + draft.nodes
         if draft.nodes and tree is not None:
             # A budget's tree is new nearly every pass (it follows the acceptance counts): hashing
-            # and weighing it for the caches took longer than building it.
-            shape = PassShape.build(build_layout(draft.shape), levels, width, len(window), envelope, self.device)
+            # and weighing it for the cache took longer than building it.
+            shape = PassShape.build(draft.layout, levels, width, len(window), envelope, self.device)
         else:
-            shape = pass_shape(tree_layout(draft.shape), levels, width, len(window), envelope, self.device)
+            shape = pass_shape(draft.layout, levels, width, len(window), envelope, self.device)
         root, pad = state.root_token, state.root_token.new_zeros(1)
         real = torch.ones(1, dtype=torch.bool, device=self.device)
         if tree is not None:

@@ -22,8 +22,10 @@ nodes behind a side candidate, whose context the position's q never saw (engine/
 from __future__ import annotations
 
 import sys
+from collections import abc
 from dataclasses import dataclass
-from typing import Dict, Iterable, Sequence, Tuple
+from functools import cached_property
+from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -140,21 +142,57 @@ def one_deviation_leaves(widths: Tuple[int, ...]) -> Tuple[int, ...]:
     return tuple(sorted(leaves))
 
 
+class NodeChildrenIndex(abc.Sequence):
+    """Per node, its children's node indices by slot (a tuple each), read only where asked: a
+    budget's pass walks a few dozen of its hundreds of nodes, so no tuple is built up front."""
+
+    def __init__(self, parents: np.ndarray, slots: np.ndarray) -> None:
+        n = parents.shape[0]
+        order = np.lexsort((slots, parents))[1:]  # by parent, then slot; the root (parent -1) first
+        self.order = order.tolist()
+        self.bounds = np.searchsorted(parents[order], np.arange(n + 1)).tolist()
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def __getitem__(self, node: int) -> Tuple[int, ...]:
+        if not -len(self) <= node < len(self):
+            raise IndexError(f"node {node} of a tree of {len(self)} nodes")
+        node %= len(self)
+        return tuple(self.order[self.bounds[node] : self.bounds[node + 1]])
+
+
 @dataclass(frozen=True, eq=False)
 class TreeLayout:
-    """A TreeShape's nodes as tensors and host tuples, built once per shape (`tree_layout`).
-    Compared and hashed by identity (it holds tensors): a PassShape is cached per layout."""
+    """A tree's nodes as tensors and host tuples (`layout_of_nodes`; `tree_layout` keeps those
+    of fixed shapes). Compared and hashed by identity (it holds tensors): a PassShape is cached
+    per layout."""
 
-    shape: TreeShape
     parents: torch.Tensor  # long [S]; -1 for the root
     depths: torch.Tensor  # long [S]; root 0
     candidate_index: torch.Tensor  # long [S]: the node's slot in its position's draw (0 for the root)
     attend: torch.Tensor  # bool [S, S]: node i may attend to node j (j is i or an ancestor)
-    children: Tuple[Tuple[int, ...], ...]  # per node, its children's node indices by slot
+    children: Sequence[Tuple[int, ...]]  # per node, its children's node indices by slot
     main_nodes: Tuple[int, ...]  # the main branch (slot 0 at every depth), root first
     node_depths: Tuple[int, ...]  # parents, depths and slots as host ints (for host-side bookkeeping)
     node_slots: Tuple[int, ...]
     node_parents: Tuple[int, ...]
+    given_shape: Optional[TreeShape] = None  # the shape it was laid out from, if any
+
+    @cached_property
+    def shape(self) -> TreeShape:
+        """The tree as slot paths: the shape it was laid out from, else built from its nodes."""
+        if self.given_shape is not None:
+            return self.given_shape
+        paths: list = [()]
+        for parent, slot in zip(self.node_parents[1:], self.node_slots[1:]):
+            paths.append(paths[parent] + (slot,))
+        return TreeShape(tuple(paths[1:]))
+
+    @property
+    def own_rows(self) -> Tuple[Path, ...]:
+        """The nodes whose children come from a proposal of their own (a layout of nodes has none)."""
+        return self.given_shape.own_rows if self.given_shape is not None else ()
 
     @property
     def num_nodes(self) -> int:
@@ -182,15 +220,34 @@ def layout_bytes(layout: TreeLayout) -> int:
 def ancestor_mask(parents: np.ndarray) -> np.ndarray:
     """bool [S, S]: [i, j] when node j is i or one of its ancestors (parents[0] = -1, the root).
     Pointer doubling: after round k a row holds the ancestors less than 2**k up, so a tree of
-    depth D takes log2(D) rounds of whole-array steps, not one step per depth or per node."""
-    n = parents.shape[0]
-    attend = np.eye(n, dtype=bool)
-    jump = parents.copy()
-    while (jump >= 0).any():
-        has = jump >= 0
-        attend[has] |= attend[jump[has]]
-        jump = np.where(has, jump[np.maximum(jump, 0)], -1)
-    return attend
+    depth D takes log2(D) rounds of whole-array steps, not one step per depth or per node. The
+    root is its own parent, so no round needs to tell the nodes that reached it apart."""
+    attend = np.eye(parents.shape[0], dtype=bool)
+    jump = np.maximum(parents, 0)
+    while True:
+        attend |= attend[jump]
+        if not jump.any():
+            return attend
+        jump = jump[jump]
+
+
+def layout_of_nodes(parents: np.ndarray, slots: np.ndarray, shape: Optional[TreeShape] = None) -> TreeLayout:
+    """The layout of a tree given as arrays over its nodes, root first (parents[0] = -1, every
+    parent before its children; slots[u]: node u's candidate slot), in whole-array steps: a
+    budget's tree is new nearly every pass. `shape`: its slot paths, if known."""
+    parents = np.asarray(parents, dtype=np.int64)
+    slots = np.asarray(slots, dtype=np.int64)
+    attend = ancestor_mask(parents)
+    depths = attend.sum(1) - 1
+    # the main branch: the nodes with no slot other than 0 on their way from the root
+    on_main = np.flatnonzero(~(attend & (slots > 0)).any(1))
+    main = on_main[np.argsort(depths[on_main], kind="stable")]
+    return TreeLayout(
+        parents=torch.from_numpy(parents), depths=torch.from_numpy(depths), candidate_index=torch.from_numpy(slots),
+        attend=torch.from_numpy(attend), children=NodeChildrenIndex(parents, slots), main_nodes=tuple(main.tolist()),
+        node_depths=tuple(depths.tolist()), node_slots=tuple(slots.tolist()), node_parents=tuple(parents.tolist()),
+        given_shape=shape,
+    )
 
 
 def build_layout(shape: TreeShape) -> TreeLayout:
@@ -199,25 +256,11 @@ def build_layout(shape: TreeShape) -> TreeLayout:
     for path in shape.paths:
         index[path] = len(index)
     n = len(index)
-    parents = np.fromiter((index[p[:-1]] for p in shape.paths), dtype=np.int64, count=n - 1)
-    parents = np.concatenate([np.full(1, -1, dtype=np.int64), parents])
-    depths = np.zeros(n, dtype=np.int64)
-    depths[1:] = np.fromiter(map(len, shape.paths), dtype=np.int64, count=n - 1)
-    slots = np.zeros(n, dtype=np.int64)
-    slots[1:] = np.fromiter((p[-1] for p in shape.paths), dtype=np.int64, count=n - 1)
-    # children by slot: a shape's children of one parent are its slots 0..k-1 (TreeShape.check)
-    order = np.lexsort((slots, parents))[1:].tolist()  # by parent, then slot; the root first
-    bounds = np.searchsorted(parents[order], np.arange(n + 1)).tolist()
-    children = tuple(tuple(order[bounds[u] : bounds[u + 1]]) for u in range(n))
-    main = [0]
-    while children[main[-1]]:
-        main.append(children[main[-1]][0])
-    return TreeLayout(
-        shape=shape, parents=torch.from_numpy(parents), depths=torch.from_numpy(depths),
-        candidate_index=torch.from_numpy(slots), attend=torch.from_numpy(ancestor_mask(parents)),
-        children=children, main_nodes=tuple(main), node_depths=tuple(depths.tolist()),
-        node_slots=tuple(slots.tolist()), node_parents=tuple(parents.tolist()),
-    )
+    parents = np.concatenate([np.full(1, -1, dtype=np.int64),
+                              np.fromiter((index[p[:-1]] for p in shape.paths), dtype=np.int64, count=n - 1)])
+    slots = np.concatenate([np.zeros(1, dtype=np.int64),
+                            np.fromiter((p[-1] for p in shape.paths), dtype=np.int64, count=n - 1)])
+    return layout_of_nodes(parents, slots, shape)
 
 
 @bounded_by_bytes(64 * MIB, max_entries=512, weigh=layout_bytes)

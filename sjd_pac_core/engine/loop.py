@@ -421,8 +421,7 @@ class _Decoder:
         positions = (n + plan.shape.depths[:s]).clamp(max=last)
         probs = process(logits[:, :s], positions, self.recipe, self.constraints)
         children = plan.children
-        accepted, next_token = self.rule.verify(probs, positions, children, plan.draft.proposals,
-                                                plan.draft.beside_proposals)
+        accepted, next_token = self.rule.verify(probs, positions, children, plan.draft)
         chosen = children.tokens.gather(1, accepted.clamp(min=0).unsqueeze(1)).squeeze(1)
         draft_token = adaptive_continuation(chosen, accepted >= 0, next_token)
         return Verdict(accepted_child=accepted, next_token=next_token, draft_token=draft_token, p=probs,

@@ -3,7 +3,8 @@
 Both expose the same operations, so the loop never branches on the rule:
   prepare(start)                      the pass verifies positions from `start` on (host int)
   draw(p, positions)                  a token from each row of p (first token, redraft)
-  verify(p, positions, children, q)   per tree node: which child (in slot order) is accepted,
+  verify(p, positions, children, drawn_from)
+                                      per tree node: which child (in slot order) is accepted,
                                       and the token committed if the walk ends at the node
   candidates(q, first, k, positions)  PD candidates per row: `first`, then k-1 more without
                                       replacement, and which of the k slots are real
@@ -17,7 +18,7 @@ Every operation stays on the device: no host sync.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import Optional, Protocol, Tuple, Union
 
 import torch
 
@@ -57,6 +58,20 @@ class NodeChildren:
     leaves: torch.Tensor
 
 
+class DrawnFrom(Protocol):
+    """The laws a pass's children were drawn from (`engine.draft.Draft` is one), built only for a
+    rule that reads them. proposals: [M, V], the window's q's (and own rows'), indexed by
+    NodeChildren.q_rows; beside_proposals: [M, V] the laws the slots after the first were drawn
+    from (`candidates_beside`; a row equal to q's where they came from q), or None where every
+    row's candidates came from q."""
+
+    @property
+    def proposals(self) -> torch.Tensor: ...
+
+    @property
+    def beside_proposals(self) -> Optional[torch.Tensor]: ...
+
+
 class RejectionRule:
     """Speculative rejection sampling; exact in distribution."""
 
@@ -73,15 +88,13 @@ class RejectionRule:
         return sample(p, self.generator)
 
     def verify(
-        self, p: torch.Tensor, positions: torch.Tensor, children: NodeChildren, q: torch.Tensor,
-        beside: Optional[torch.Tensor] = None,
+        self, p: torch.Tensor, positions: torch.Tensor, children: NodeChildren, drawn_from: DrawnFrom,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Speculative acceptance where a node has one child, recursive rejection in slot order
         where it has several (the first accepted wins), a draw from the final residual where
-        none is accepted, and a draw from p at a leaf (the bonus token). q: [M, V] the window's
-        proposals, indexed by children.q_rows; beside: [M, V] the laws the slots after the first
-        were drawn from (`candidates_beside`; a row equal to q's where they came from q), or None
-        where every row's candidates came from q."""
+        none is accepted, and a draw from p at a leaf (the bonus token), against the laws the
+        children were drawn from (`DrawnFrom`)."""
+        q, beside = drawn_from.proposals, drawn_from.beside_proposals
         s = p.shape[0]
         accepted = torch.full((s,), -1, dtype=torch.long, device=p.device)
         next_token = torch.zeros(s, dtype=torch.long, device=p.device)
@@ -189,13 +202,12 @@ class GumbelRule:
         return gumbel_argmax(p, self._noise(positions))
 
     def verify(
-        self, p: torch.Tensor, positions: torch.Tensor, children: NodeChildren, q: torch.Tensor,
-        beside: Optional[torch.Tensor] = None,
+        self, p: torch.Tensor, positions: torch.Tensor, children: NodeChildren, drawn_from: DrawnFrom,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Every node's target argmax(log p + G) at once: a child is accepted exactly when its
         token is its parent's target (children are distinct, so at most one is), and the target
-        is what is committed where the walk ends. Any tree is exact under this rule, so q and
-        beside are not read."""
+        is what is committed where the walk ends. Any tree is exact under this rule, so the laws
+        the children were drawn from are not read (nor built)."""
         target = self.draw(p, positions)
         return first_true((children.tokens == target.unsqueeze(-1)) & children.valid), target
 

@@ -291,12 +291,13 @@ def greedy_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width:
     best_runs = (best_run + 1).tolist()
     best_means = np.take_along_axis(runs, best_run[..., None], axis=2)[..., 0].tolist()
 
-    # A frontier entry: (-gain, path, parent's last deviation (-1: none), parent's chance, parent's
-    # reach, node's chance, node's reach, nodes of the run its gain counts, the nodes free then).
+    # A frontier entry: (-gain, path, parent's node index, parent's last deviation (-1: none),
+    # parent's chance, parent's reach, node's chance, node's reach, nodes of the run its gain
+    # counts, the nodes free then). Paths are unique, so the fields after it never order entries.
     # Reach: the chance that the next pass's drafts are continued through the node (1 on the main
     # chain; from the main chain on, for a side node). A candidate slot > 0's gain is its best
     # run's mean gain per node (every term of it is linear in the slot's win probability).
-    def entry(path: Path, parent_dev: int, parent_chance: float, parent_reach: float, free: int) -> tuple:
+    def entry(path: Path, parent: int, parent_dev: int, parent_chance: float, parent_reach: float, free: int) -> tuple:
         pos, slot = len(path) - 1, path[-1]
         cls = path_class(classes, path, parent_dev, own_rows)
         p_win = win_rows[cls][slot]
@@ -318,17 +319,19 @@ def greedy_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width:
                 means = runs[cls, slot, :max(1, free)]
                 run = int(np.argmax(means)) + 1
                 gain = per_win * float(means[run - 1])
-        return (-gain, path, parent_dev, parent_chance, parent_reach, chance, reach, run, free)
+        return (-gain, path, parent, parent_dev, parent_chance, parent_reach, chance, reach, run, free)
 
     chosen: List[Path] = []
+    parents: List[int] = [-1]  # the chosen nodes' parents and slots, the root first
+    slots: List[int] = [0]
     expected: List[float] = []
     main = 0  # positions the main chain covers
     waiting: list = []  # side nodes past the main chain's end, until it gets there
-    heap = [entry((0,), -1, 1.0, 1.0, budget)] if window and budget > 0 else []
+    heap = [entry((0,), 0, -1, 1.0, 1.0, budget)] if window and budget > 0 else []
     total = 0.0
     revalued = 0  # entries valued again since the last node was chosen
     while heap and len(chosen) < budget and heap[0][0] < 0:  # about `budget` pops: a few hundred host steps
-        _, path, parent_dev, parent_chance, parent_reach, chance, reach, run, _ = heapq.heappop(heap)
+        _, path, parent, parent_dev, parent_chance, parent_reach, chance, reach, run, _ = heapq.heappop(heap)
         free_now = budget - len(chosen)
         if run > free_now:  # its run no longer fits: valued again on the nodes still free
             # Valued on the nodes still free, an entry fits, so each is valued again at most once
@@ -338,11 +341,14 @@ def greedy_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width:
             if revalued > len(heap) + 1:
                 raise RuntimeError(f"internal error in greedy_tree: node {path}'s run of {run} nodes never fits the "
                                    f"{free_now} nodes left of a budget of {budget}")
-            heapq.heappush(heap, entry(path, parent_dev, parent_chance, parent_reach, free_now))
+            heapq.heappush(heap, entry(path, parent, parent_dev, parent_chance, parent_reach, free_now))
             continue
         revalued = 0
         pos, slot = len(path) - 1, path[-1]
         chosen.append(path)
+        parents.append(parent)
+        slots.append(slot)
+        node = len(chosen)
         total += chance
         expected.append(total)
         deviation = pos if slot > 0 else parent_dev
@@ -354,14 +360,17 @@ def greedy_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width:
                 heapq.heappush(heap, item)
         free_now -= 1
         if slot + 1 < width_cap:  # the next candidate beside this node
-            heapq.heappush(heap, entry(path[:-1] + (slot + 1,), parent_dev, parent_chance, parent_reach, free_now))
+            heapq.heappush(heap, entry(path[:-1] + (slot + 1,), parent, parent_dev, parent_chance, parent_reach,
+                                       free_now))
         if pos + 1 < window:  # the node's first child
-            child = entry(path + (0,), deviation, chance, reach, free_now)
+            child = entry(path + (0,), node, deviation, chance, reach, free_now)
             if deviation < 0 or pos + 1 < main:
                 heapq.heappush(heap, child)
             else:
                 waiting.append(child)
-    return BudgetTree.of(chosen, expected, own_rows)
+    if own_rows:  # which nodes own a row follows from their paths
+        return BudgetTree.of(chosen, expected, own_rows)
+    return BudgetTree.of_nodes(np.asarray(parents), np.asarray(slots), expected)
 
 
 def ranked_tree(win: np.ndarray, classes: Sequence[int], budget: int, max_width: int, leaf_value: float = 0.0,

@@ -238,7 +238,7 @@ def layout_of_nodes(parents: np.ndarray, slots: np.ndarray, shape: Optional[Tree
     parents = np.asarray(parents, dtype=np.int64)
     slots = np.asarray(slots, dtype=np.int64)
     attend = ancestor_mask(parents)
-    depths = attend.sum(1) - 1
+    depths = attend.sum(1, dtype=np.int64) - 1
     # the main branch: the nodes with no slot other than 0 on their way from the root
     on_main = np.flatnonzero(~(attend & (slots > 0)).any(1))
     main = on_main[np.argsort(depths[on_main], kind="stable")]

@@ -3,8 +3,9 @@
 transformers' ChameleonVQVAE has no decoder, so Lumina-mGPT images need Meta's `vqgan.yaml` +
 `vqgan.ckpt` (shipped in Lumina-mGPT's `ckpts/chameleon/tokenizer/` folder). That checkpoint is a
 taming-transformers style VQ model; this module rebuilds only the parts needed to decode - the
-codebook (`quantize.embedding`), `post_quant_conv` and the `decoder.*` tree - under the same
-parameter names, so the checkpoint's state dict loads into it key for key.
+codebook (`quantize.embedding`), `post_quant_conv` and the `decoder.*` tree (`vq_blocks`' taming
+decoder, every norm a plain GroupNorm) - under the same parameter names, so the checkpoint's state
+dict loads into it key for key.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Dict, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .vq_blocks import DecoderShape, TamingDecoder, TamingGroupNorm
 
 
 class VQGANLoadError(ValueError):
@@ -44,6 +47,22 @@ class VQGANConfig:
     def downsample(self) -> int:
         """Pixels per code along each side (16 for Chameleon)."""
         return 2 ** (len(self.ch_mult) - 1)
+
+    @property
+    def decoder_shape(self) -> DecoderShape:
+        """Widths ch * ch_mult; attention where a level's nominal resolution (resolution at the
+        coarsest level, doubling towards the finest) is in attn_resolutions, as taming places it."""
+        levels = len(self.ch_mult)
+        coarsest = self.resolution // 2 ** (levels - 1)
+        return DecoderShape(
+            z_channels=self.z_channels,
+            channels=tuple(self.ch * m for m in self.ch_mult),
+            blocks=self.num_res_blocks + 1,
+            attention_levels=tuple(
+                level for level in range(levels) if coarsest * 2 ** (levels - 1 - level) in self.attn_resolutions
+            ),
+            out_channels=self.out_ch,
+        )
 
     @classmethod
     def from_yaml(cls, path: Path) -> "VQGANConfig":
@@ -79,108 +98,6 @@ class VQGANConfig:
         return config
 
 
-def _norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
-
-
-class _ResnetBlock(nn.Module):
-    def __init__(self, in_channels: int, out_channels: int) -> None:
-        super().__init__()
-        self.norm1 = _norm(in_channels)
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
-        self.norm2 = _norm(out_channels)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
-        # A 1x1 projection on the skip path only where the width changes (taming's nin_shortcut).
-        self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1) if in_channels != out_channels else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(F.silu(self.norm2(h)))
-        skip = x if self.nin_shortcut is None else self.nin_shortcut(x)
-        return skip + h
-
-
-class _AttnBlock(nn.Module):
-    """Single-head self-attention over all pixels, with 1x1-conv projections."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.norm = _norm(channels)
-        self.q = nn.Conv2d(channels, channels, 1)
-        self.k = nn.Conv2d(channels, channels, 1)
-        self.v = nn.Conv2d(channels, channels, 1)
-        self.proj_out = nn.Conv2d(channels, channels, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, c, height, width = x.shape
-        h = self.norm(x)
-
-        def tokens(t: torch.Tensor) -> torch.Tensor:  # [B, C, H, W] -> [B, 1, HW, C]
-            return t.reshape(b, c, height * width).transpose(1, 2).unsqueeze(1)
-
-        # softmax(q k^T / sqrt(C)) v, as in taming; SDPA avoids materialising HW x HW on GPUs.
-        out = F.scaled_dot_product_attention(tokens(self.q(h)), tokens(self.k(h)), tokens(self.v(h)))
-        out = out.squeeze(1).transpose(1, 2).reshape(b, c, height, width)
-        return x + self.proj_out(out)
-
-
-class _Upsample(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
-
-
-class _Decoder(nn.Module):
-    """conv_in -> mid (res, attn, res) -> up levels (coarsest first) -> norm_out -> conv_out."""
-
-    def __init__(self, cfg: VQGANConfig) -> None:
-        super().__init__()
-        levels = len(cfg.ch_mult)
-        block_in = cfg.ch * cfg.ch_mult[-1]
-        res = cfg.resolution // 2 ** (levels - 1)
-        self.conv_in = nn.Conv2d(cfg.z_channels, block_in, 3, padding=1)
-        self.mid = nn.Module()
-        self.mid.block_1 = _ResnetBlock(block_in, block_in)
-        self.mid.attn_1 = _AttnBlock(block_in)
-        self.mid.block_2 = _ResnetBlock(block_in, block_in)
-        # up[i] is level i (i = 0 is the finest); it is built coarsest first, as the checkpoint's
-        # names and the attention placement (by the nominal resolution) depend on that order.
-        ups: Dict[int, nn.Module] = {}
-        for level in reversed(range(levels)):
-            block_out = cfg.ch * cfg.ch_mult[level]
-            up = nn.Module()
-            up.block = nn.ModuleList()
-            up.attn = nn.ModuleList()
-            for _ in range(cfg.num_res_blocks + 1):
-                up.block.append(_ResnetBlock(block_in, block_out))
-                block_in = block_out
-                if res in cfg.attn_resolutions:
-                    up.attn.append(_AttnBlock(block_in))
-            if level != 0:
-                up.upsample = _Upsample(block_in)
-                res *= 2
-            ups[level] = up
-        self.up = nn.ModuleList([ups[level] for level in range(levels)])
-        self.norm_out = _norm(block_in)
-        self.conv_out = nn.Conv2d(block_in, cfg.out_ch, 3, padding=1)
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        h = self.conv_in(z)
-        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h)))
-        for level in reversed(range(len(self.up))):
-            up = self.up[level]
-            for i, block in enumerate(up.block):
-                h = block(h)
-                if len(up.attn) > 0:
-                    h = up.attn[i](h)
-            if level != 0:
-                h = up.upsample(h)
-        return self.conv_out(F.silu(self.norm_out(h)))
-
-
 class ChameleonVQGANDecoder(nn.Module):
     """Codes [B, H, W] -> pixels [B, 3, H*f, W*f] in about [-1, 1] (f = cfg.downsample)."""
 
@@ -190,7 +107,7 @@ class ChameleonVQGANDecoder(nn.Module):
         self.quantize = nn.Module()
         self.quantize.embedding = nn.Embedding(cfg.n_embed, cfg.embed_dim)
         self.post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.z_channels, 1)
-        self.decoder = _Decoder(cfg)
+        self.decoder = TamingDecoder(cfg.decoder_shape, TamingGroupNorm)
 
     @property
     def downsample(self) -> int:

@@ -4,16 +4,18 @@ Lumina-mGPT 2.0 tokenizes images with ai-forever's MoVQGAN-270M (`movqgan_270M.c
 4 channels, 8x downsampling). MoVQ's decoder is a taming-style decoder whose every normalisation is
 a "spatial norm": GroupNorm of the features, then a scale and a shift computed by 1x1 convolutions
 from the quantized codes (nearest-upsampled to the features' size). This module rebuilds only what
-decoding needs - the codebook (`quantize.embedding`), `post_quant_conv` and the `decoder.*` tree -
-under the checkpoint's own parameter names, so its state dict loads key for key. The shape (widths
-per level, blocks per level, which levels attend) is read from the checkpoint's keys, so the
-published 270M file and the tests' tiny one load the same way.
+decoding needs - the codebook (`quantize.embedding`), `post_quant_conv` and the `decoder.*` tree
+(`vq_blocks`' taming decoder with that norm) - under the checkpoint's own parameter names, so its
+state dict loads key for key. The shape (widths per level, blocks per level, which levels attend) is
+read from the checkpoint's keys, so the published 270M file and the tests' tiny one load the same
+way.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -22,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import nn
+
+from .vq_blocks import DecoderShape, TamingDecoder, TamingGroupNorm
 
 
 class MoVQLoadError(ValueError):
@@ -45,6 +49,11 @@ class MoVQConfig:
     def downsample(self) -> int:
         """Pixels per code along each side (8 for MoVQGAN-270M)."""
         return 2 ** (len(self.channels) - 1)
+
+    @property
+    def decoder_shape(self) -> DecoderShape:
+        return DecoderShape(z_channels=self.z_channels, channels=self.channels, blocks=self.blocks,
+                            attention_levels=self.attention_levels, out_channels=self.out_channels)
 
     @classmethod
     def from_state_dict(cls, state: Dict[str, torch.Tensor]) -> "MoVQConfig":
@@ -73,109 +82,13 @@ class _SpatialNorm(nn.Module):
 
     def __init__(self, channels: int, zq_channels: int) -> None:
         super().__init__()
-        self.norm_layer = nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
+        self.norm_layer = TamingGroupNorm(channels)
         self.conv_y = nn.Conv2d(zq_channels, channels, 1)
         self.conv_b = nn.Conv2d(zq_channels, channels, 1)
 
     def forward(self, f: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
         zq = F.interpolate(zq, size=f.shape[-2:], mode="nearest")
         return self.norm_layer(f) * self.conv_y(zq) + self.conv_b(zq)
-
-
-class _ResnetBlock(nn.Module):
-    def __init__(self, in_channels: int, out_channels: int, zq_channels: int) -> None:
-        super().__init__()
-        self.norm1 = _SpatialNorm(in_channels, zq_channels)
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
-        self.norm2 = _SpatialNorm(out_channels, zq_channels)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
-        # A 1x1 projection on the skip path only where the width changes (taming's nin_shortcut).
-        self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1) if in_channels != out_channels else None
-
-    def forward(self, x: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x, zq)))
-        h = self.conv2(F.silu(self.norm2(h, zq)))
-        skip = x if self.nin_shortcut is None else self.nin_shortcut(x)
-        return skip + h
-
-
-class _AttnBlock(nn.Module):
-    """Single-head self-attention over all pixels, with 1x1-conv projections."""
-
-    def __init__(self, channels: int, zq_channels: int) -> None:
-        super().__init__()
-        self.norm = _SpatialNorm(channels, zq_channels)
-        self.q = nn.Conv2d(channels, channels, 1)
-        self.k = nn.Conv2d(channels, channels, 1)
-        self.v = nn.Conv2d(channels, channels, 1)
-        self.proj_out = nn.Conv2d(channels, channels, 1)
-
-    def forward(self, x: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
-        b, c, height, width = x.shape
-        h = self.norm(x, zq)
-
-        def tokens(t: torch.Tensor) -> torch.Tensor:  # [B, C, H, W] -> [B, 1, HW, C]
-            return t.reshape(b, c, height * width).transpose(1, 2).unsqueeze(1)
-
-        # softmax(q k^T / sqrt(C)) v; SDPA never materialises the HW x HW scores on a GPU (96 x 96
-        # codes at 768 px: 85M of them).
-        out = F.scaled_dot_product_attention(tokens(self.q(h)), tokens(self.k(h)), tokens(self.v(h)))
-        out = out.squeeze(1).transpose(1, 2).reshape(b, c, height, width)
-        return x + self.proj_out(out)
-
-
-class _Upsample(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
-
-
-class _Decoder(nn.Module):
-    """conv_in -> mid (res, attn, res) -> up levels (coarsest first) -> norm_out -> conv_out, every
-    norm conditioned on the codes."""
-
-    def __init__(self, cfg: MoVQConfig) -> None:
-        super().__init__()
-        zq = cfg.embed_dim
-        block_in = cfg.channels[-1]
-        self.conv_in = nn.Conv2d(cfg.z_channels, block_in, 3, padding=1)
-        self.mid = nn.Module()
-        self.mid.block_1 = _ResnetBlock(block_in, block_in, zq)
-        self.mid.attn_1 = _AttnBlock(block_in, zq)
-        self.mid.block_2 = _ResnetBlock(block_in, block_in, zq)
-        # up[i] is level i (0 the finest), built coarsest first as the checkpoint's names run.
-        ups: Dict[int, nn.Module] = {}
-        for level in reversed(range(len(cfg.channels))):
-            up = nn.Module()
-            up.block = nn.ModuleList()
-            up.attn = nn.ModuleList()
-            for _ in range(cfg.blocks):
-                up.block.append(_ResnetBlock(block_in, cfg.channels[level], zq))
-                block_in = cfg.channels[level]
-                if level in cfg.attention_levels:
-                    up.attn.append(_AttnBlock(block_in, zq))
-            if level != 0:
-                up.upsample = _Upsample(block_in)
-            ups[level] = up
-        self.up = nn.ModuleList([ups[level] for level in range(len(cfg.channels))])
-        self.norm_out = _SpatialNorm(block_in, zq)
-        self.conv_out = nn.Conv2d(block_in, cfg.out_channels, 3, padding=1)
-
-    def forward(self, z: torch.Tensor, zq: torch.Tensor) -> torch.Tensor:
-        h = self.conv_in(z)
-        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h, zq), zq), zq)
-        for level in reversed(range(len(self.up))):
-            up = self.up[level]
-            for i, block in enumerate(up.block):
-                h = block(h, zq)
-                if len(up.attn) > 0:
-                    h = up.attn[i](h, zq)
-            if level != 0:
-                h = up.upsample(h)
-        return self.conv_out(F.silu(self.norm_out(h, zq)))
 
 
 class MoVQDecoder(nn.Module):
@@ -187,7 +100,7 @@ class MoVQDecoder(nn.Module):
         self.quantize = nn.Module()
         self.quantize.embedding = nn.Embedding(cfg.n_embed, cfg.embed_dim)
         self.post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.z_channels, 1)
-        self.decoder = _Decoder(cfg)
+        self.decoder = TamingDecoder(cfg.decoder_shape, partial(_SpatialNorm, zq_channels=cfg.embed_dim))
 
     @property
     def downsample(self) -> int:

@@ -3,9 +3,9 @@
 transformers' ChameleonVQVAE has no decoder, so Lumina-mGPT images need Meta's `vqgan.yaml` +
 `vqgan.ckpt` (shipped in Lumina-mGPT's `ckpts/chameleon/tokenizer/` folder). That checkpoint is a
 taming-transformers style VQ model; this module rebuilds only the parts needed to decode - the
-codebook (`quantize.embedding`), `post_quant_conv` and the `decoder.*` tree (`vq_blocks`' taming
-decoder, every norm a plain GroupNorm) - under the same parameter names, so the checkpoint's state
-dict loads into it key for key.
+codebook (`quantize.embedding`), `post_quant_conv` and the `decoder.*` tree (`vq_blocks`'
+CodebookDecoder, every norm a plain GroupNorm) - under the same parameter names, so the
+checkpoint's state dict loads into it key for key.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from pathlib import Path
 from typing import Dict, Tuple
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from .vq_blocks import DecoderShape, TamingDecoder, TamingGroupNorm
+from .vq_blocks import CodebookDecoder, DecoderShape, TamingGroupNorm
 
 
 class VQGANLoadError(ValueError):
@@ -98,26 +96,13 @@ class VQGANConfig:
         return config
 
 
-class ChameleonVQGANDecoder(nn.Module):
-    """Codes [B, H, W] -> pixels [B, 3, H*f, W*f] in about [-1, 1] (f = cfg.downsample)."""
+class ChameleonVQGANDecoder(CodebookDecoder):
+    """Codes [B, H, W] -> pixels [B, 3, H*f, W*f] in about [-1, 1] (f = cfg.downsample); every norm a
+    GroupNorm."""
 
     def __init__(self, cfg: VQGANConfig) -> None:
-        super().__init__()
+        super().__init__(cfg.n_embed, cfg.embed_dim, cfg.decoder_shape, TamingGroupNorm)
         self.config = cfg
-        self.quantize = nn.Module()
-        self.quantize.embedding = nn.Embedding(cfg.n_embed, cfg.embed_dim)
-        self.post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.z_channels, 1)
-        self.decoder = TamingDecoder(cfg.decoder_shape, TamingGroupNorm)
-
-    @property
-    def downsample(self) -> int:
-        return self.config.downsample
-
-    @torch.inference_mode()
-    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
-        weight = self.quantize.embedding.weight
-        z = F.embedding(codes.to(weight.device), weight).permute(0, 3, 1, 2).contiguous()
-        return self.decoder(self.post_quant_conv(z))
 
     def to_uint8(self, pixels: torch.Tensor) -> torch.Tensor:
         """[B, 3, H, W] in [-1, 1] -> uint8 [B, H, W, 3] on the CPU (clamped as Meta's code does)."""

@@ -5,7 +5,7 @@ Lumina-mGPT 2.0 tokenizes images with ai-forever's MoVQGAN-270M (`movqgan_270M.c
 a "spatial norm": GroupNorm of the features, then a scale and a shift computed by 1x1 convolutions
 from the quantized codes (nearest-upsampled to the features' size). This module rebuilds only what
 decoding needs - the codebook (`quantize.embedding`), `post_quant_conv` and the `decoder.*` tree
-(`vq_blocks`' taming decoder with that norm) - under the checkpoint's own parameter names, so its
+(`vq_blocks`' CodebookDecoder with that norm) - under the checkpoint's own parameter names, so its
 state dict loads key for key. The shape (widths per level, blocks per level, which levels attend) is
 read from the checkpoint's keys, so the published 270M file and the tests' tiny one load the same
 way.
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-from .vq_blocks import DecoderShape, TamingDecoder, TamingGroupNorm
+from .vq_blocks import CodebookDecoder, DecoderShape, TamingGroupNorm
 
 
 class MoVQLoadError(ValueError):
@@ -91,26 +91,14 @@ class _SpatialNorm(nn.Module):
         return self.norm_layer(f) * self.conv_y(zq) + self.conv_b(zq)
 
 
-class MoVQDecoder(nn.Module):
-    """Codes [B, H, W] -> pixels [B, 3, H*f, W*f] in about [-1, 1] (f = cfg.downsample)."""
+class MoVQDecoder(CodebookDecoder):
+    """Codes [B, H, W] -> pixels [B, 3, H*f, W*f] in about [-1, 1] (f = cfg.downsample); every norm a
+    spatial norm of the codes."""
 
     def __init__(self, cfg: MoVQConfig) -> None:
-        super().__init__()
+        spatial_norm = partial(_SpatialNorm, zq_channels=cfg.embed_dim)
+        super().__init__(cfg.n_embed, cfg.embed_dim, cfg.decoder_shape, spatial_norm)
         self.config = cfg
-        self.quantize = nn.Module()
-        self.quantize.embedding = nn.Embedding(cfg.n_embed, cfg.embed_dim)
-        self.post_quant_conv = nn.Conv2d(cfg.embed_dim, cfg.z_channels, 1)
-        self.decoder = TamingDecoder(cfg.decoder_shape, partial(_SpatialNorm, zq_channels=cfg.embed_dim))
-
-    @property
-    def downsample(self) -> int:
-        return self.config.downsample
-
-    @torch.inference_mode()
-    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
-        weight = self.quantize.embedding.weight
-        zq = F.embedding(codes.to(weight.device), weight).permute(0, 3, 1, 2).contiguous()
-        return self.decoder(self.post_quant_conv(zq), zq)
 
 
 def pixels_to_pil_rounded(pixels: torch.Tensor) -> List[Image.Image]:

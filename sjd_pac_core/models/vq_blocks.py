@@ -6,6 +6,7 @@ one up level per resolution (residual blocks, attention after each where the lev
 upsample but at the finest), norm_out, conv_out - and differ only in their norm: taming's GroupNorm,
 or MoVQ's spatial norm, which also reads the quantized codes zq. So the blocks here build every norm
 from the factory they are given and call it as norm(x, zq); the GroupNorm takes zq and ignores it.
+CodebookDecoder is the whole decoding model (codebook, post_quant_conv, the tree) each file builds.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class Upsample(nn.Module):
 
 class TamingDecoder(nn.Module):
     """conv_in -> mid (res, attn, res) -> up levels (coarsest first) -> norm_out -> conv_out, every
-    norm built by `norm` and given the codes zq (None where the norm reads none)."""
+    norm built by `norm` and given the codes zq (which a norm that reads none may be given as None)."""
 
     def __init__(self, shape: DecoderShape, norm: NormFactory) -> None:
         super().__init__()
@@ -137,3 +138,27 @@ class TamingDecoder(nn.Module):
             if level != 0:
                 h = up.upsample(h)
         return self.conv_out(F.silu(self.norm_out(h, zq)))
+
+
+class CodebookDecoder(nn.Module):
+    """Codes [B, H, W] -> pixels [B, out_channels, H*f, W*f] in about [-1, 1] (f = downsample): the
+    codebook (`quantize.embedding`), `post_quant_conv` and the `decoder.*` tree, under taming's
+    names; the codes' vectors zq go to every norm."""
+
+    def __init__(self, n_embed: int, embed_dim: int, shape: DecoderShape, norm: NormFactory) -> None:
+        super().__init__()
+        self.quantize = nn.Module()
+        self.quantize.embedding = nn.Embedding(n_embed, embed_dim)
+        self.post_quant_conv = nn.Conv2d(embed_dim, shape.z_channels, 1)
+        self.decoder = TamingDecoder(shape, norm)
+
+    @property
+    def downsample(self) -> int:
+        """Pixels per code along each side: each level but the finest doubles them."""
+        return 2 ** (len(self.decoder.up) - 1)
+
+    @torch.inference_mode()
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        weight = self.quantize.embedding.weight
+        zq = F.embedding(codes.to(weight.device), weight).permute(0, 3, 1, 2).contiguous()
+        return self.decoder(self.post_quant_conv(zq), zq)

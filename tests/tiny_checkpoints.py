@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import torch
 
@@ -90,21 +90,33 @@ TINY_VQGAN = {
 }
 
 
-def taming_vqgan_state(params: dict, seed: int = 0) -> Dict[str, torch.Tensor]:
-    """A random state dict under taming-transformers' VQModel key names, written out from its
-    naming scheme (not from our module), including encoder/quant_conv/loss keys to be skipped."""
-    gen = torch.Generator().manual_seed(seed)
+class RandomTensors:
+    """A state dict written tensor by tensor, each drawn from one generator in the order written
+    (the order is part of the checkpoint: tests pin decoded pixels to it)."""
+
+    def __init__(self, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+        self.state: Dict[str, torch.Tensor] = {}
+
+    def randn(self, name: str, *shape: int) -> None:
+        self.state[name] = torch.randn(*shape, generator=self.gen)
+
+    def conv(self, name: str, cin: int, cout: int, k: int, bias_mean: float = 0.0) -> None:
+        self.state[f"{name}.weight"] = torch.randn(cout, cin, k, k, generator=self.gen) * (1.0 / (cin * k * k) ** 0.5)
+        self.state[f"{name}.bias"] = bias_mean + torch.randn(cout, generator=self.gen) * 0.05
+
+    def group_norm(self, name: str, c: int) -> None:
+        self.state[f"{name}.weight"] = 1 + 0.1 * torch.randn(c, generator=self.gen)
+        self.state[f"{name}.bias"] = 0.1 * torch.randn(c, generator=self.gen)
+
+
+def taming_vq_tensors(params: dict, tensors: RandomTensors, norm: Callable[[str, int], None]) -> None:
+    """taming-transformers' VQ decoder tree under its key names, each norm written by `norm`
+    (name, channels), then the codebook, post_quant_conv, and the quant_conv and encoder.conv_in
+    a decoder must skip. Chameleon's VQGAN and MoVQGAN share this tree; they differ in the norm."""
     dd = params["ddconfig"]
     ch, mult, nrb = dd["ch"], dd["ch_mult"], dd["num_res_blocks"]
-    sd: Dict[str, torch.Tensor] = {}
-
-    def conv(name: str, cin: int, cout: int, k: int) -> None:
-        sd[f"{name}.weight"] = torch.randn(cout, cin, k, k, generator=gen) * (1.0 / (cin * k * k) ** 0.5)
-        sd[f"{name}.bias"] = torch.randn(cout, generator=gen) * 0.05
-
-    def norm(name: str, c: int) -> None:
-        sd[f"{name}.weight"] = 1 + 0.1 * torch.randn(c, generator=gen)
-        sd[f"{name}.bias"] = 0.1 * torch.randn(c, generator=gen)
+    conv = tensors.conv
 
     def resblock(name: str, cin: int, cout: int) -> None:
         norm(f"{name}.norm1", cin)
@@ -138,13 +150,20 @@ def taming_vqgan_state(params: dict, seed: int = 0) -> Dict[str, torch.Tensor]:
             res *= 2
     norm("decoder.norm_out", block_in)
     conv("decoder.conv_out", block_in, dd["out_ch"], 3)
-    sd["quantize.embedding.weight"] = torch.randn(params["n_embed"], params["embed_dim"], generator=gen)
+    tensors.randn("quantize.embedding.weight", params["n_embed"], params["embed_dim"])
     conv("post_quant_conv", params["embed_dim"], dd["z_channels"], 1)
     # Parts a decoder must ignore.
     conv("quant_conv", dd["z_channels"], params["embed_dim"], 1)
     conv("encoder.conv_in", dd["in_channels"], ch, 3)
-    sd["loss.discriminator.main.0.weight"] = torch.randn(8, 3, 4, 4, generator=gen)
-    return sd
+
+
+def taming_vqgan_state(params: dict, seed: int = 0) -> Dict[str, torch.Tensor]:
+    """A random state dict under taming-transformers' VQModel key names, written out from its
+    naming scheme (not from our module), including encoder/quant_conv/loss keys to be skipped."""
+    tensors = RandomTensors(seed)
+    taming_vq_tensors(params, tensors, norm=tensors.group_norm)
+    tensors.randn("loss.discriminator.main.0.weight", 8, 3, 4, 4)
+    return tensors.state
 
 
 def write_vqgan(folder: Path, params: dict = TINY_VQGAN, seed: int = 0) -> Dict[str, torch.Tensor]:
@@ -387,59 +406,16 @@ def movqgan_state(params: dict = TINY_MOVQ, seed: int = 0) -> Dict[str, torch.Te
     """A random state dict under MoVQGAN's key names (movqgan/models/vqgan.py MOVQ with its
     MOVQDecoder: every norm a SpatialNorm of norm_layer, conv_y, conv_b), written out from its naming
     scheme (not from our module), with encoder and quant_conv keys a decoder must skip."""
-    gen = torch.Generator().manual_seed(seed)
-    dd = params["ddconfig"]
-    ch, mult, nrb, zq = dd["ch"], dd["ch_mult"], dd["num_res_blocks"], params["embed_dim"]
-    sd: Dict[str, torch.Tensor] = {}
+    tensors = RandomTensors(seed)
+    zq = params["embed_dim"]
 
-    def conv(name: str, cin: int, cout: int, k: int, bias_mean: float = 0.0) -> None:
-        sd[f"{name}.weight"] = torch.randn(cout, cin, k, k, generator=gen) * (1.0 / (cin * k * k) ** 0.5)
-        sd[f"{name}.bias"] = bias_mean + torch.randn(cout, generator=gen) * 0.05
+    def spatial_norm(name: str, c: int) -> None:
+        tensors.group_norm(f"{name}.norm_layer", c)
+        tensors.conv(f"{name}.conv_y", zq, c, 1, bias_mean=1.0)
+        tensors.conv(f"{name}.conv_b", zq, c, 1)
 
-    def norm(name: str, c: int) -> None:
-        sd[f"{name}.norm_layer.weight"] = 1 + 0.1 * torch.randn(c, generator=gen)
-        sd[f"{name}.norm_layer.bias"] = 0.1 * torch.randn(c, generator=gen)
-        conv(f"{name}.conv_y", zq, c, 1, bias_mean=1.0)
-        conv(f"{name}.conv_b", zq, c, 1)
-
-    def resblock(name: str, cin: int, cout: int) -> None:
-        norm(f"{name}.norm1", cin)
-        conv(f"{name}.conv1", cin, cout, 3)
-        norm(f"{name}.norm2", cout)
-        conv(f"{name}.conv2", cout, cout, 3)
-        if cin != cout:
-            conv(f"{name}.nin_shortcut", cin, cout, 1)
-
-    def attn(name: str, c: int) -> None:
-        norm(f"{name}.norm", c)
-        for part in ("q", "k", "v", "proj_out"):
-            conv(f"{name}.{part}", c, c, 1)
-
-    levels = len(mult)
-    block_in = ch * mult[-1]
-    res = dd["resolution"] // 2 ** (levels - 1)
-    conv("decoder.conv_in", dd["z_channels"], block_in, 3)
-    resblock("decoder.mid.block_1", block_in, block_in)
-    attn("decoder.mid.attn_1", block_in)
-    resblock("decoder.mid.block_2", block_in, block_in)
-    for level in reversed(range(levels)):
-        block_out = ch * mult[level]
-        for i in range(nrb + 1):
-            resblock(f"decoder.up.{level}.block.{i}", block_in, block_out)
-            block_in = block_out
-            if res in dd["attn_resolutions"]:
-                attn(f"decoder.up.{level}.attn.{i}", block_in)
-        if level != 0:
-            conv(f"decoder.up.{level}.upsample.conv", block_in, block_in, 3)
-            res *= 2
-    norm("decoder.norm_out", block_in)
-    conv("decoder.conv_out", block_in, dd["out_ch"], 3)
-    sd["quantize.embedding.weight"] = torch.randn(params["n_embed"], params["embed_dim"], generator=gen)
-    conv("post_quant_conv", params["embed_dim"], dd["z_channels"], 1)
-    # Parts a decoder must ignore.
-    conv("quant_conv", dd["z_channels"], params["embed_dim"], 1)
-    conv("encoder.conv_in", dd["in_channels"], ch, 3)
-    return sd
+    taming_vq_tensors(params, tensors, norm=spatial_norm)
+    return tensors.state
 
 
 def write_movqgan(path: Path, params: dict = TINY_MOVQ, seed: int = 0) -> Dict[str, torch.Tensor]:

@@ -219,6 +219,29 @@ def build_lumina_transformers(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def write_xllmx_config(folder: Path, cfg, vq_config: dict, transformers_version: str) -> None:
+    """config.json and generation_config.json as the Lumina-mGPT authors' trainers save their
+    ChameleonXLLMXConfig (1.0 and 2.0 alike): transformers' Chameleon keys, their own
+    (model_parallel_size, swin_norm, z_loss_weight, mask_image_logits) and the vq_config they keep."""
+    config = {
+        "architectures": ["ChameleonXLLMXForConditionalGeneration"], "model_type": "chameleon",
+        "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": cfg.bos_token_id, "dropout": 0.05,
+        "eos_token_id": cfg.eos_token_id, "hidden_act": "silu", "hidden_size": cfg.hidden_size,
+        "initializer_range": 0.02, "intermediate_size": cfg.intermediate_size, "mask_image_logits": False,
+        "max_position_embeddings": cfg.max_position_embeddings, "mlp_bias": False, "model_parallel_size": 1,
+        "num_attention_heads": cfg.num_attention_heads, "num_hidden_layers": cfg.num_hidden_layers,
+        "num_key_value_heads": cfg.num_key_value_heads, "pad_token_id": cfg.pad_token_id, "qk_layernorm": True,
+        "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0, "swin_norm": False,
+        "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": transformers_version,
+        "use_cache": True, "vocab_size": cfg.vocab_size, "vq_config": vq_config, "z_loss_weight": 1e-05,
+        "vocabulary_map": cfg.vocabulary_map,
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    ids = {"bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id}
+    (folder / "generation_config.json").write_text(json.dumps(
+        {**{k: v for k, v in ids.items() if v is not None}, "transformers_version": transformers_version}))
+
+
 def build_lumina(folder: Path, seed: int = 0) -> Path:
     """Lumina-mGPT in its own layout, as Alpha-VLLM/Lumina-mGPT-7B-* publish it (see module doc)."""
     from safetensors.torch import save_file
@@ -233,29 +256,13 @@ def build_lumina(folder: Path, seed: int = 0) -> Path:
             value = value[:1]  # [model_parallel_size = 1, head_dim]
         state[key] = value.detach().clone().contiguous()
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    cfg = model.config
     vq = dict(TINY_VQGAN, **TINY_VQGAN["ddconfig"])  # the converter: yaml params + ddconfig, old names kept
     vq.pop("ddconfig")
     for old, new in (("ch", "base_channels"), ("out_ch", "out_channels"), ("n_embed", "num_embeddings"),
                      ("ch_mult", "channel_multiplier"), ("double_z", "double_latent"),
                      ("z_channels", "latent_channels")):
         vq[new] = vq[old]
-    config = {
-        "architectures": ["ChameleonXLLMXForConditionalGeneration"], "model_type": "chameleon",
-        "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 0, "dropout": 0.05,
-        "eos_token_id": 2, "hidden_act": "silu", "hidden_size": cfg.hidden_size, "initializer_range": 0.02,
-        "intermediate_size": cfg.intermediate_size, "mask_image_logits": False,
-        "max_position_embeddings": cfg.max_position_embeddings, "mlp_bias": False, "model_parallel_size": 1,
-        "num_attention_heads": cfg.num_attention_heads, "num_hidden_layers": cfg.num_hidden_layers,
-        "num_key_value_heads": cfg.num_key_value_heads, "pad_token_id": 1, "qk_layernorm": True,
-        "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0, "swin_norm": False,
-        "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.44.0",
-        "use_cache": True, "vocab_size": LUMINA_VOCAB, "vq_config": vq, "z_loss_weight": 1e-05,
-        "vocabulary_map": cfg.vocabulary_map,
-    }
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    (folder / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 1, "transformers_version": "4.44.0"}))
+    write_xllmx_config(folder, model.config, vq, transformers_version="4.44.0")
     return folder
 
 
@@ -466,25 +473,11 @@ def build_lumina2(folder: Path, seed: int = 0) -> Path:
             value = 0.2 * torch.randn(1, value.shape[1], generator=gen)
         state[key] = value.detach().clone().contiguous()
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    cfg = model.config
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["ChameleonXLLMXForConditionalGeneration"], "model_type": "chameleon",
-        "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643, "dropout": 0.05,
-        "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": cfg.hidden_size, "initializer_range": 0.02,
-        "intermediate_size": cfg.intermediate_size, "mask_image_logits": False,
-        "max_position_embeddings": cfg.max_position_embeddings, "mlp_bias": False, "model_parallel_size": 1,
-        "num_attention_heads": cfg.num_attention_heads, "num_hidden_layers": cfg.num_hidden_layers,
-        "num_key_value_heads": cfg.num_key_value_heads, "pad_token_id": None, "qk_layernorm": True,
-        "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0, "swin_norm": False,
-        "tie_word_embeddings": False, "torch_dtype": "float32", "transformers_version": "4.46.2",
-        "use_cache": True, "vocab_size": LUMINA2_VOCAB, "z_loss_weight": 1e-05, "vocabulary_map": vocab,
-        "vq_config": {"embed_dim": 256, "num_embeddings": 8192, "double_latent": False, "latent_channels": 256,
-                      "resolution": 512, "in_channels": 3, "base_channels": 128,
-                      "channel_multiplier": [1, 1, 2, 2, 4], "num_res_blocks": 2, "attn_resolutions": None,
-                      "dropout": 0.0, "attn_type": "vanilla", "initializer_range": 0.02},
-    }, indent=2))
-    (folder / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 151643, "eos_token_id": 151643, "transformers_version": "4.46.2"}))
+    write_xllmx_config(folder, model.config, transformers_version="4.46.2", vq_config={
+        "embed_dim": 256, "num_embeddings": 8192, "double_latent": False, "latent_channels": 256,
+        "resolution": 512, "in_channels": 3, "base_channels": 128,
+        "channel_multiplier": [1, 1, 2, 2, 4], "num_res_blocks": 2, "attn_resolutions": None,
+        "dropout": 0.0, "attn_type": "vanilla", "initializer_range": 0.02})
     return folder
 
 

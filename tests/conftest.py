@@ -60,6 +60,15 @@ def tiny_lumina_sizes():
         yield
 
 
+@pytest.fixture(scope="module")
+def tiny_joint():
+    """The exactness tests' tiny Llama and its exact conditionals (exactness_tools.tiny_joint), built
+    once per test file."""
+    import exactness_tools
+
+    return exactness_tools.tiny_joint()
+
+
 @pytest.fixture
 def no_weights(monkeypatch):
     """Fail the test if any family starts reading model weights (the LLM's or the Chameleon VQGAN's):

@@ -3,9 +3,10 @@
 A tiny random transformers causal LM with a 3-5 token vocabulary and peaked, prefix-dependent
 conditionals; its exact joint distribution over every image-token sequence, computed by a plain
 full forward (no cache, no sampler code); and a fast adapter that serves those same exact
-conditionals to the sampler from a table, so tens of thousands of samples take seconds. Chain
-models (first and second order) with exact pair laws; the chi-square tests and their power
-(how many samples a planted fault needs: planted_power.py); and the planted faults (FAULTS).
+conditionals to the sampler from a table, so tens of thousands of samples take seconds (the
+setting the exactness files share: tiny_joint, joint_check, the thresholds). Chain models (first
+and second order) with exact pair laws; the chi-square tests and their power (how many samples a
+planted fault needs: planted_power.py); and the planted faults (FAULTS).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 import sys
 import textwrap
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import pytest
 import torch
@@ -225,6 +226,42 @@ def compare(counts: Dict[Tuple[int, ...], int], joint: Dict[Tuple[int, ...], flo
     tv = 0.5 * sum(abs(counts.get(k, 0) / n - joint[k]) for k in joint)
     noise = 0.5 * sum(math.sqrt(2 * p * (1 - p) / (math.pi * n)) for p in joint.values())
     return p_value, tv, noise
+
+
+# --- the tiny Llama's exact joint, shared by test_exactness, test_drafters, test_budget_drafting -----
+V, N = 3, 5  # vocabulary, image tokens: 243 sequences, each with its exact probability
+PROMPT = torch.tensor([0, 1])
+UNCOND = torch.tensor([2])  # the unconditional prompt guidance (cfg_scale) reads
+P_VALUE_MIN = 1e-3
+P_VALUE_PLANTED_MAX = 1e-6  # every planted control must fail at least this clearly
+TV_FACTOR = 1.5
+
+
+class TinyJoint(NamedTuple):
+    """The tiny Llama over V, its exact conditionals after PROMPT and UNCOND, and the table model
+    that serves them to the sampler."""
+
+    model: LlamaForCausalLM
+    cond: Dict[Tuple[int, ...], torch.Tensor]
+    uncond: Dict[Tuple[int, ...], torch.Tensor]
+    table: TableModel
+
+
+def tiny_joint() -> TinyJoint:
+    model = tiny_causal_lm(V)
+    cond = conditional_logits(model, PROMPT, V, N)
+    uncond = conditional_logits(model, UNCOND, V, N)
+    table = TableModel({tuple(PROMPT.tolist()): cond, tuple(UNCOND.tolist()): uncond}, V)
+    return TinyJoint(model, cond, uncond, table)
+
+
+def joint_check(tiny: TinyJoint, config: sp.SamplerConfig, samples: int, seed0: int = 0,
+                constraints: Optional[TokenConstraints] = None) -> Tuple[float, float, float]:
+    """`samples` images of N tokens drawn from the table under `config` (seeds seed0, seed0 + 1, ...),
+    against the exact joint: (chi-square p-value, total variation, its noise level)."""
+    joint = exact_joint([tiny.cond] + ([tiny.uncond] if config.uses_cfg else []), V, N, config, constraints)
+    counts = draw_samples(tiny.table, PROMPT, N, config, samples, uncond=UNCOND, allowed=constraints, seed0=seed0)
+    return compare(counts, joint)
 
 
 # --- a Markov-chain table model: exact marginals in closed form, vectorised conditionals ------

@@ -79,15 +79,13 @@ def joint_power(counts, joint, pilot: int):
 
 def v3_control(name: str, pilot: int) -> str:
     attribute, faulty, config, used = ex.V3_CONTROLS[name]
-    model = tools.tiny_causal_lm(ex.V)
-    cond = tools.conditional_logits(model, ex.PROMPT, ex.V, ex.N)
-    uncond = tools.conditional_logits(model, ex.UNCOND, ex.V, ex.N)
-    joint = tools.exact_joint([cond] + ([uncond] if config.uses_cfg else []), ex.V, ex.N, config)
+    tiny = tools.tiny_joint()
+    joint = tools.exact_joint([tiny.cond] + ([tiny.uncond] if config.uses_cfg else []), tools.V, tools.N, config)
     original = getattr(rules, attribute)
     setattr(rules, attribute, faulty)
     try:
-        counts = tools.draw_samples(tools.TableModel({(0, 1): cond, (2,): uncond}, ex.V), ex.PROMPT, ex.N, config,
-                                    pilot, uncond=ex.UNCOND, seed0=PILOT_SEED)
+        counts = tools.draw_samples(tiny.table, tools.PROMPT, tools.N, config, pilot, uncond=tools.UNCOND,
+                                    seed0=PILOT_SEED)
     finally:
         setattr(rules, attribute, original)
     return _line(name, joint_power(counts, joint, pilot), used)
@@ -95,13 +93,13 @@ def v3_control(name: str, pilot: int) -> str:
 
 def real_model_control(pilot: int) -> str:
     fault, used = ex.REAL_MODEL_CONTROL
-    model = tools.tiny_causal_lm(ex.V, attention_scale=ex.REAL_MODEL_ATTENTION_SCALE)
+    model = tools.tiny_causal_lm(tools.V, attention_scale=ex.REAL_MODEL_ATTENTION_SCALE)
     n = ex.REAL_MODEL_TOKENS
-    cond = tools.conditional_logits(model, ex.PROMPT, ex.V, n)
-    uncond = tools.conditional_logits(model, ex.UNCOND, ex.V, n)
-    joint = tools.exact_joint([cond, uncond], ex.V, n, ex.REAL_MODEL_CONFIG)
+    cond = tools.conditional_logits(model, tools.PROMPT, tools.V, n)
+    uncond = tools.conditional_logits(model, tools.UNCOND, tools.V, n)
+    joint = tools.exact_joint([cond, uncond], tools.V, n, ex.REAL_MODEL_CONFIG)
     with tools.planted_fault(fault):
-        counts = tools.draw_samples(model, ex.PROMPT, n, ex.REAL_MODEL_CONFIG, pilot, uncond=ex.UNCOND,
+        counts = tools.draw_samples(model, tools.PROMPT, n, ex.REAL_MODEL_CONFIG, pilot, uncond=tools.UNCOND,
                                     seed0=PILOT_SEED)
     return _line(f"real model / {fault}", joint_power(counts, joint, pilot), used, ex.REAL_MODEL_SAMPLES)
 
@@ -113,15 +111,13 @@ def drafters_controls(pilot: int) -> list:
     import test_drafters as dr
 
     lines = []
-    model = tools.tiny_causal_lm(dr.V)
-    cond = tools.conditional_logits(model, dr.PROMPT, dr.V, dr.N)
-    uncond = tools.conditional_logits(model, dr.UNCOND, dr.V, dr.N)
+    tiny = tools.tiny_joint()
     config = dr.GREEDY_CONFIG
-    joint = tools.exact_joint([cond], dr.V, dr.N, config)
+    joint = tools.exact_joint([tiny.cond], tools.V, tools.N, config)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(dr.drafters, "make_drafter", dr.greedy_first_drafter)
-        counts = tools.draw_samples(tools.TableModel({(0, 1): cond, (2,): uncond}, dr.V), dr.PROMPT, dr.N, config,
-                                    pilot, uncond=dr.UNCOND, seed0=PILOT_SEED)
+        counts = tools.draw_samples(tiny.table, tools.PROMPT, tools.N, config, pilot, uncond=tools.UNCOND,
+                                    seed0=PILOT_SEED)
     lines.append(_line("drafters: greedy first tree draft", joint_power(counts, joint, pilot), dr.GREEDY_SAMPLES))
     chain = dr.side_chain_model().chain
     laws = chain.pair_laws(dr.SIDE_CONFIG)

@@ -18,25 +18,9 @@ import pytest
 import torch
 
 import sjd_pac_core as sp
-from exactness_tools import (
-    MarkovChain,
-    MarkovModel,
-    RejectionConfig,
-    SecondOrderChain,
-    SecondOrderModel,
-    TableModel,
-    all_pairs_pvalue,
-    compare,
-    conditional_logits,
-    draw_samples,
-    draw_sequences,
-    exact_joint,
-    markov_pair_laws,
-    pair_laws_pvalue,
-    planted_fault,
-    seed_exact_lm,
-    tiny_causal_lm,
-)
+from exactness_tools import (P_VALUE_MIN, P_VALUE_PLANTED_MAX, TV_FACTOR, MarkovChain, MarkovModel, RejectionConfig,
+                             SecondOrderChain, SecondOrderModel, all_pairs_pvalue, draw_sequences, joint_check,
+                             markov_pair_laws, pair_laws_pvalue, planted_fault, seed_exact_lm)
 from sjd_pac_core.config import TreeLevels
 from sjd_pac_core.engine import budget as bd
 from sjd_pac_core.engine import draft as draft_module
@@ -49,11 +33,6 @@ from sjd_pac_core.sampling import rules
 from sjd_pac_core.sampling.constraint_table import ConstraintTable
 from sjd_pac_core.sampling.recipe import SamplingRecipe, TokenConstraints, process
 from sjd_pac_core.sampling.tree import TreeShape
-
-P_VALUE_MIN = 1e-3
-P_VALUE_PLANTED_MAX = 1e-6
-TV_FACTOR = 1.5
-
 
 # --- the maths, on hand-made numbers ----------------------------------------------------------
 
@@ -323,26 +302,6 @@ def test_budget_config_and_its_errors():
 
 # --- exactness: the exact joint of the tiny Llama ---------------------------------------------
 
-V, N = 3, 5
-PROMPT = torch.tensor([0, 1])
-UNCOND = torch.tensor([2])
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    model = tiny_causal_lm(V)
-    cond = conditional_logits(model, PROMPT, V, N)
-    uncond = conditional_logits(model, UNCOND, V, N)
-    return cond, uncond, TableModel({(0, 1): cond, (2,): uncond}, V)
-
-
-def _check(tiny, config, samples, seed0=0):
-    cond, uncond, table = tiny
-    joint = exact_joint([cond] + ([uncond] if config.uses_cfg else []), V, N, config)
-    counts = draw_samples(table, PROMPT, N, config, samples, uncond=UNCOND, seed0=seed0)
-    return compare(counts, joint)
-
-
 JOINT_CASES = {
     "budget_4": (RejectionConfig(window=4, node_budget=4), 3000),
     "budget_10_cfg": (RejectionConfig(window=4, node_budget=10, cfg_scale=2.0), 3000),
@@ -352,9 +311,9 @@ JOINT_CASES = {
 
 
 @pytest.mark.parametrize("name", list(JOINT_CASES))
-def test_budget_drafting_matches_the_exact_joint(tiny, name):
+def test_budget_drafting_matches_the_exact_joint(tiny_joint, name):
     config, samples = JOINT_CASES[name]
-    p_value, tv, noise = _check(tiny, config, samples)
+    p_value, tv, noise = joint_check(tiny_joint, config, samples)
     assert p_value > P_VALUE_MIN, f"{name}: chi-square p = {p_value:.2e} (tv {tv:.4f}, noise {noise:.4f})"
     assert tv < TV_FACTOR * noise, f"{name}: total variation {tv:.4f} above noise {noise:.4f}"
 
@@ -377,8 +336,8 @@ class PeekingDrafter(drafters.BudgetDrafter):
         return super().tree_draft(ctx, window, start, tree, nodes, kept)
 
 
-def test_planted_proposal_that_peeks_at_the_pass_p_is_caught(tiny, monkeypatch):
-    cond, uncond, _ = tiny
+def test_planted_proposal_that_peeks_at_the_pass_p_is_caught(tiny_joint, monkeypatch):
+    cond = tiny_joint.cond
     config, _ = JOINT_CASES["budget_4"]
     recipe = SamplingRecipe(config.cfg_scale, config.temperature, config.top_k, config.top_p)
     made = []
@@ -388,7 +347,7 @@ def test_planted_proposal_that_peeks_at_the_pass_p_is_caught(tiny, monkeypatch):
         return made[-1]
 
     monkeypatch.setattr(drafters, "make_drafter", make)
-    p_value, tv, noise = _check(tiny, config, 3000, seed0=10**6)
+    p_value, tv, noise = joint_check(tiny_joint, config, 3000, seed0=10**6)
     assert made, "the planted drafter never ran"
     assert p_value < P_VALUE_PLANTED_MAX, f"a peeking proposal went unnoticed: p = {p_value:.2e}, tv {tv:.4f}"
 
@@ -410,10 +369,10 @@ def _budget_cut_after_the_outcome(monkeypatch):
     return calls
 
 
-def test_planted_budget_choice_from_the_pass_outcome_is_caught(tiny, monkeypatch):
+def test_planted_budget_choice_from_the_pass_outcome_is_caught(tiny_joint, monkeypatch):
     calls = _budget_cut_after_the_outcome(monkeypatch)
     config, _ = JOINT_CASES["budget_4"]
-    p_value, tv, noise = _check(tiny, config, 3000, seed0=10**6)
+    p_value, tv, noise = joint_check(tiny_joint, config, 3000, seed0=10**6)
     assert calls, "the planted fault never ran"
     assert p_value < P_VALUE_PLANTED_MAX, f"an outcome-aware budget went unnoticed: p = {p_value:.2e}, tv {tv:.4f}"
 

@@ -525,15 +525,12 @@ def test_float32_draws_without_replacement_are_plackett_luce(float32_everywhere)
 def test_float32_path_keeps_the_exact_distribution(float32_everywhere):
     """End to end: SJD-PAC (tree width 3, window 8) against the exact joint, with the exactness
     tests' own case and sample count, every random draw in float32."""
+    import exactness_tools as tools
     import test_exactness as ex
 
-    model = ex.tiny_causal_lm(ex.V)
-    cond = ex.conditional_logits(model, ex.PROMPT, ex.V, ex.N)
-    uncond = ex.conditional_logits(model, ex.UNCOND, ex.V, ex.N)
-    tiny = (model, cond, uncond, ex.TableModel({(0, 1): cond, (2,): uncond}, ex.V))
     config, constraints, samples = ex.CASES["sjd_pac_K3_D3_L8"]
-    p_value, tv, noise = ex._check(tiny, config, constraints, samples)
-    assert p_value > ex.P_VALUE_MIN and tv < ex.TV_FACTOR * noise, (p_value, tv, noise)
+    p_value, tv, noise = tools.joint_check(tools.tiny_joint(), config, samples, constraints=constraints)
+    assert p_value > tools.P_VALUE_MIN and tv < tools.TV_FACTOR * noise, (p_value, tv, noise)
 
 
 def test_float32_path_is_seed_exact(float32_everywhere, models):

@@ -1,8 +1,9 @@
 """Exact-distribution tests of the drafting variants (issue 15), with a planted-bug control.
 
-Same model, tables and thresholds as test_exactness.py (vocabulary 3, 5 image tokens): each
-variant's sample counts must match the exact joint; a drafter that breaks the exactness contract
-in the new code path (a greedy main-branch draft presented as a draw from q) must fail the test.
+Same model, tables and thresholds as test_exactness.py (exactness_tools' tiny joint: vocabulary 3,
+5 image tokens): each variant's sample counts must match the exact joint; a drafter that breaks
+the exactness contract in the new code path (a greedy main-branch draft presented as a draw from
+q) must fail the test.
 """
 
 from __future__ import annotations
@@ -11,38 +12,11 @@ import pytest
 import torch
 
 import sjd_pac_core as sp
-from exactness_tools import (
-    RejectionConfig,
-    SecondOrderChain,
-    SecondOrderModel,
-    TableModel,
-    all_pairs_pvalue,
-    compare,
-    conditional_logits,
-    draw_samples,
-    draw_sequences,
-    exact_joint,
-    planted_fault,
-    tiny_causal_lm,
-)
+from exactness_tools import (N, P_VALUE_MIN, P_VALUE_PLANTED_MAX, PROMPT, TV_FACTOR, RejectionConfig,
+                             SecondOrderChain, SecondOrderModel, all_pairs_pvalue, draw_sequences, joint_check,
+                             planted_fault)
 from sjd_pac_core.config import MAX_CHAIN_SIBLING_NODES
 from sjd_pac_core.engine import drafters
-
-V, N = 3, 5
-PROMPT = torch.tensor([0, 1])
-UNCOND = torch.tensor([2])
-P_VALUE_MIN = 1e-3
-P_VALUE_PLANTED_MAX = 1e-6  # every planted control must fail at least this clearly
-TV_FACTOR = 1.5
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    model = tiny_causal_lm(V)
-    cond = conditional_logits(model, PROMPT, V, N)
-    uncond = conditional_logits(model, UNCOND, V, N)
-    return cond, uncond, TableModel({(0, 1): cond, (2,): uncond}, V)
-
 
 # Sample sizes: each case keeps the power to fail the planted faults that reach it (greedy first
 # tree draft, last accepted candidate wins, residual replaced by p; measured with seeds 10**6+, the
@@ -78,20 +52,13 @@ CASES = {
 }
 
 
-def _check(tiny, config, samples, seed0=0):
-    cond, uncond, table = tiny
-    joint = exact_joint([cond] + ([uncond] if config.uses_cfg else []), V, N, config)
-    counts = draw_samples(table, PROMPT, N, config, samples, uncond=UNCOND, seed0=seed0)
-    return compare(counts, joint)
-
-
 SLOW_CASES = {"defaults_first_level_clamped_to_vocabulary_K2"}  # 20000 samples of the defaults' tree
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in CASES])
-def test_drafting_variants_match_the_exact_joint(tiny, name):
+def test_drafting_variants_match_the_exact_joint(tiny_joint, name):
     config, samples, *seed0 = CASES[name]
-    p_value, tv, noise = _check(tiny, config, samples, *seed0)
+    p_value, tv, noise = joint_check(tiny_joint, config, samples, *seed0)
     assert p_value > P_VALUE_MIN, f"{name}: chi-square p = {p_value:.2e} (tv {tv:.4f}, noise {noise:.4f})"
     assert tv < TV_FACTOR * noise, f"{name}: total variation {tv:.4f} above noise {noise:.4f}"
 
@@ -128,9 +95,9 @@ def test_chain_width_shape_config_and_limits():
         sp.SamplerConfig(tree_chain_width=0)
 
 
-def test_chain_siblings_keep_the_ar_tokens_under_gumbel(tiny):
+def test_chain_siblings_keep_the_ar_tokens_under_gumbel(tiny_joint):
     """Under the Gumbel rule any tree gives AR's tokens: chain siblings too (30 seeds)."""
-    table = tiny[2]
+    table = tiny_joint.table
     config = sp.SamplerConfig(window=4, tree_depth=2, tree_width=2, tree_chain_width=3, verify="gumbel")
     for seed in range(30):
         ar = sp.sample_tokens(table, PROMPT, N, config=config.with_(method="ar"), seed=seed)
@@ -155,19 +122,19 @@ GREEDY_CONFIG = RejectionConfig(window=3, tree_width=2, tree_every_pass=True, tr
 GREEDY_SAMPLES = 500  # power 0.999 at p < 1e-6 from 250 on (tests/planted_power.py)
 
 
-def test_negative_control_greedy_tree_draft_is_caught(tiny, monkeypatch):
+def test_negative_control_greedy_tree_draft_is_caught(tiny_joint, monkeypatch):
     monkeypatch.setattr(drafters, "make_drafter", greedy_first_drafter)
-    p_value, tv, noise = _check(tiny, GREEDY_CONFIG, GREEDY_SAMPLES, seed0=10**6)
+    p_value, tv, noise = joint_check(tiny_joint, GREEDY_CONFIG, GREEDY_SAMPLES, seed0=10**6)
     assert p_value < P_VALUE_PLANTED_MAX, (
         f"planted greedy draft went unnoticed: p = {p_value:.2e}, tv {tv:.4f}, noise {noise:.4f}"
     )
 
 
-def test_chain_siblings_are_fed_and_win_passes(tiny):
+def test_chain_siblings_are_fed_and_win_passes(tiny_joint):
     """The chain-sibling case above exercises its siblings: every chain position gets one, and
     some passes end on a sibling past the tree (test_exactness.py holds their planted control)."""
     config, _ = CASES["chain_siblings_W2_K2_D2_L4"]
-    table = tiny[2]
+    table = tiny_joint.table
     out = sp.sample_tokens(table, PROMPT, N, config=config, seed=3)
     assert out.stats.records[1].tree_nodes == 1 + 3  # the first level's sibling + one per chain position
     runs = [sp.sample_tokens(table, PROMPT, N, config=config, seed=s).stats for s in range(100)]

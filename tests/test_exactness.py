@@ -26,38 +26,11 @@ import torch
 import sjd_pac_core as sp
 import sjd_pac_core.sampling.rules as rules
 from sjd_pac_core.models import memory
-from exactness_tools import (
-    MarkovChain,
-    RejectionConfig,
-    SecondOrderChain,
-    TableModel,
-    compare,
-    conditional_logits,
-    draw_samples,
-    draw_sequences,
-    exact_joint,
-    pair_laws_pvalue,
-    planted_fault,
-    side_branch_share,
-    tiny_causal_lm,
-)
+from exactness_tools import (N, P_VALUE_MIN, P_VALUE_PLANTED_MAX, PROMPT, TV_FACTOR, UNCOND, V, MarkovChain,
+                             RejectionConfig, SecondOrderChain, compare, conditional_logits, draw_samples,
+                             draw_sequences, exact_joint, joint_check, pair_laws_pvalue, planted_fault,
+                             side_branch_share, tiny_causal_lm)
 from sjd_pac_core.sampling.recipe import TokenConstraints
-
-V, N = 3, 5
-PROMPT = torch.tensor([0, 1])
-UNCOND = torch.tensor([2])
-P_VALUE_MIN = 1e-3
-P_VALUE_PLANTED_MAX = 1e-6  # every planted control must fail at least this clearly
-TV_FACTOR = 1.5
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    model = tiny_causal_lm(V)
-    cond = conditional_logits(model, PROMPT, V, N)
-    uncond = conditional_logits(model, UNCOND, V, N)
-    return model, cond, uncond, TableModel({(0, 1): cond, (2,): uncond}, V)
-
 
 FORCED = TokenConstraints(V, N, forced=torch.tensor([-1, -1, 1, -1, -1]))
 
@@ -99,18 +72,10 @@ CASES = {
 assert all(config.verify == "gumbel" for name, (config, _, _) in CASES.items() if name.startswith("gumbel"))
 
 
-def _check(tiny, config, constraints, samples, model=None, seed0=0):
-    _, cond, uncond, table = tiny
-    joint = exact_joint([cond] + ([uncond] if config.uses_cfg else []), V, N, config, constraints)
-    counts = draw_samples(model or table, PROMPT, N, config, samples, uncond=UNCOND,
-                          allowed=constraints, seed0=seed0)
-    return compare(counts, joint)
-
-
 @pytest.mark.parametrize("name", list(CASES))
-def test_lossless_modes_match_the_exact_joint(tiny, name):
+def test_lossless_modes_match_the_exact_joint(tiny_joint, name):
     config, constraints, samples = CASES[name]
-    p_value, tv, noise = _check(tiny, config, constraints, samples)
+    p_value, tv, noise = joint_check(tiny_joint, config, samples, constraints=constraints)
     assert p_value > P_VALUE_MIN, f"{name}: chi-square p = {p_value:.2e} (tv {tv:.4f}, noise {noise:.4f})"
     assert tv < TV_FACTOR * noise, f"{name}: total variation {tv:.4f} above noise {noise:.4f}"
 
@@ -183,11 +148,11 @@ V3_CONTROLS = {
 
 
 @pytest.mark.parametrize("name", list(V3_CONTROLS))
-def test_negative_control_planted_bug_is_caught(tiny, monkeypatch, name):
+def test_negative_control_planted_bug_is_caught(tiny_joint, monkeypatch, name):
     attribute, faulty, config, samples = V3_CONTROLS[name]
     calls = []
     monkeypatch.setattr(rules, attribute, lambda *args, **kwargs: calls.append(1) or faulty(*args, **kwargs))
-    p_value, tv, noise = _check(tiny, config, None, samples, seed0=10**6)
+    p_value, tv, noise = joint_check(tiny_joint, config, samples, seed0=10**6)
     assert calls, f"the planted {attribute} never ran"
     assert p_value < P_VALUE_PLANTED_MAX, (
         f"planted bug {name} went unnoticed: p = {p_value:.2e}, tv {tv:.4f}, noise {noise:.4f}"

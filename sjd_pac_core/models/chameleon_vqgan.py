@@ -16,6 +16,7 @@ from typing import Dict, Tuple
 
 import torch
 
+from .checks import read_tensor_file
 from .vq_blocks import CodebookDecoder, DecoderShape, TamingGroupNorm
 
 
@@ -126,38 +127,9 @@ def _read_state_dict(weights_path: Path) -> Dict[str, torch.Tensor]:
     pickled object in the file - a Lightning callback, or code planted in a crafted file - is
     refused, with the command that re-saves the tensors as vqgan.safetensors.
     """
-    if weights_path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        from .checks import ModelLoadError, check_safetensors
-
-        try:
-            check_safetensors(weights_path)
-            return load_file(str(weights_path))
-        except ModelLoadError as exc:
-            raise VQGANLoadError(str(exc)) from None
-        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type
-            raise VQGANLoadError(
-                f"{weights_path} cannot be read ({type(exc).__name__}); convert vqgan.ckpt to it again."
-            ) from None
-    try:
-        blob = torch.load(weights_path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure lands here
-        if "weights_only" in str(exc) or "Weights only" in str(exc) or "Unsupported" in str(exc):
-            raise VQGANLoadError(
-                f"{weights_path} holds Python objects besides tensors, which sjd-pac never unpickles because a "
-                "crafted file could run code; use the vqgan.ckpt of Lumina-mGPT's ckpts/chameleon/tokenizer/ "
-                "folder (plain tensors), or, only if you trust this file, re-save its tensors in its folder "
-                f"with `{CONVERT_COMMAND}` (vqgan.safetensors is then read instead)."
-            ) from None
-        raise VQGANLoadError(
-            f"{weights_path} cannot be read ({type(exc).__name__}); it is probably truncated - "
-            "download vqgan.ckpt again."
-        ) from None
-    state = blob.get("state_dict", blob) if isinstance(blob, dict) else None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise VQGANLoadError(f"{weights_path} has no 'state_dict' of tensors; download vqgan.ckpt again.")
-    return state
+    return read_tensor_file(weights_path, VQGANLoadError, (), download="download vqgan.ckpt again",
+                            plain_copy="use the vqgan.ckpt of Lumina-mGPT's ckpts/chameleon/tokenizer/ folder",
+                            convert_command=CONVERT_COMMAND)
 
 
 def load_chameleon_vqgan(

@@ -10,7 +10,7 @@ import json
 import math
 import struct
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Type
 
 import torch
 
@@ -161,6 +161,52 @@ def check_safetensors(path: Path) -> None:
             f"{path} has {size - 8 - header_len - end:,} bytes after its last weight, which its header does not "
             "describe, so the file is damaged; download it again."
         )
+
+
+def read_tensor_file(path: Path, error: Type[Exception], keep: Tuple[str, ...], download: str,
+                     plain_copy: str, convert_command: str) -> Dict[str, torch.Tensor]:
+    """The tensors of a .safetensors file, or of a .ckpt's state dict (its "state_dict", else the
+    dict itself), whose keys start with one of `keep` (all if empty), never unpickling an object.
+
+    The .ckpt is read by torch's weights-only loader, memory-mapped where its format allows (the
+    tensors left out are never read into memory). A file holding other Python objects - a
+    trainer's callback, or code planted in a crafted file - is refused with `plain_copy` (where a
+    file of plain tensors comes from) and `convert_command`, which re-saves a trusted file's
+    tensors as the .safetensors read instead. Every failure is one sentence of type `error`;
+    `download` (how to get the .ckpt again) names its fix."""
+    converted = path.with_suffix(".safetensors").name
+    kept = (lambda key: key.startswith(keep)) if keep else (lambda key: True)
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            check_safetensors(path)
+            with safe_open(str(path), framework="pt") as f:
+                return {k: f.get_tensor(k) for k in f.keys() if kept(k)}
+        except ModelLoadError as exc:
+            raise error(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type
+            raise error(f"{path} cannot be read ({type(exc).__name__}); convert {path.with_suffix('.ckpt').name} to it "
+                        "again.") from None
+    try:
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            blob = torch.load(path, map_location="cpu", weights_only=True)  # the legacy format
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure lands here
+        if "weights_only" in str(exc) or "Weights only" in str(exc) or "Unsupported" in str(exc):
+            raise error(
+                f"{path} holds Python objects besides tensors, which sjd-pac never unpickles because a crafted "
+                f"file could run code; {plain_copy} (plain tensors), or, only if you trust this file, re-save its "
+                f"tensors in its folder with `{convert_command}` ({converted} is then read instead)."
+            ) from None
+        raise error(f"{path} cannot be read ({type(exc).__name__}); it is probably truncated - {download}.") from None
+    state = blob.get("state_dict", blob) if isinstance(blob, dict) else None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise error(f"{path} holds no state dict of tensors; {download}.")
+    return {k: v for k, v in state.items() if kept(k)}
 
 
 def check_weight_files(folder: Path) -> None:

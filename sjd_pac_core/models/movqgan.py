@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
+from .checks import read_tensor_file
 from .vq_blocks import CodebookDecoder, DecoderShape, TamingGroupNorm
 
 
@@ -123,47 +124,12 @@ def read_decoder_state(weights_path: Path) -> Dict[str, torch.Tensor]:
     """The decoder's tensors from movqgan_270M.safetensors or movqgan_270M.ckpt, never unpickling an
     object: the .ckpt is read with torch's weights-only loader (memory-mapped, so the encoder and
     any other tensors in it are never read into memory); a file holding other Python objects is
-    refused with the command that re-saves its tensors as safetensors."""
-    if weights_path.suffix == ".safetensors":
-        from safetensors import safe_open
-
-        from .checks import ModelLoadError, check_safetensors
-
-        try:
-            check_safetensors(weights_path)
-            with safe_open(str(weights_path), framework="pt") as f:
-                return {k: f.get_tensor(k) for k in f.keys() if k.startswith(DECODER_KEYS)}
-        except ModelLoadError as exc:
-            raise MoVQLoadError(str(exc)) from None
-        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type
-            raise MoVQLoadError(
-                f"{weights_path} cannot be read ({type(exc).__name__}); convert movqgan_270M.ckpt to it again."
-            ) from None
-    try:
-        try:
-            blob = torch.load(weights_path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            if "mmap" not in str(exc):
-                raise
-            blob = torch.load(weights_path, map_location="cpu", weights_only=True)  # the legacy format
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure lands here
-        if "weights_only" in str(exc) or "Weights only" in str(exc) or "Unsupported" in str(exc):
-            raise MoVQLoadError(
-                f"{weights_path} holds Python objects besides tensors, which sjd-pac never unpickles because a "
-                "crafted file could run code; download movqgan_270M.ckpt from ai-forever/MoVQGAN again (plain "
-                f"tensors), or, only if you trust this file, re-save its tensors in its folder with "
-                f"`{CONVERT_COMMAND}` (movqgan_270M.safetensors is then read instead)."
-            ) from None
-        raise MoVQLoadError(
-            f"{weights_path} cannot be read ({type(exc).__name__}); it is probably truncated - download "
-            "movqgan_270M.ckpt from ai-forever/MoVQGAN again."
-        ) from None
-    # ai-forever's file is the state dict itself (their loader passes it to load_state_dict); a
-    # training checkpoint keeps it under "state_dict".
-    state = blob.get("state_dict", blob) if isinstance(blob, dict) else None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise MoVQLoadError(f"{weights_path} holds no state dict of tensors; download movqgan_270M.ckpt again.")
-    return {k: v for k, v in state.items() if k.startswith(DECODER_KEYS)}
+    refused with the command that re-saves its tensors as safetensors. ai-forever's file is the
+    state dict itself (their loader passes it to load_state_dict); a training checkpoint keeps it
+    under "state_dict"."""
+    download = "download movqgan_270M.ckpt from ai-forever/MoVQGAN again"
+    return read_tensor_file(weights_path, MoVQLoadError, DECODER_KEYS, download=download, plain_copy=download,
+                            convert_command=CONVERT_COMMAND)
 
 
 def movq_config_of(weights_path: Path) -> MoVQConfig:

@@ -24,6 +24,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats as scipy_stats
@@ -183,6 +184,30 @@ def gumbel_cfg_tokens(model, method: str, seed: int, prompt: str = "a red cat on
                                            temperature=2.0, **kw)
     return sp.sample_tokens(model, enc.prompt_ids, enc.layout.num_tokens, config=config, seed=seed,
                             uncond_prompt_ids=enc.uncond_ids, allowed_tokens=enc.constraints).tokens
+
+
+def assert_processed_p_matches(model, prompt: str, resolution: str, path: Sequence[int], cfg_scale: float,
+                               reference: Sequence[Tuple[int, Sequence[int], Sequence[float]]]) -> None:
+    """The processed p (guidance `cfg_scale`, temperature 1, top-k 20) a Lumina family model gives
+    along the image tokens `path`, from plain full forwards of the conditional and unconditional
+    prompt (no cache, no sampler code), equals `reference` within 1e-5: rows (position t, the
+    model's token ids, their probabilities), a token outside the model's image codes at 0."""
+    enc = model.encode_prompt(prompt, resolution=resolution)
+    space = model.token_model.token_space
+    path = torch.tensor(path)
+    hf = model.model
+    rows = []
+    with torch.no_grad():
+        for ids in (enc.prompt_ids, enc.uncond_ids):
+            full = torch.cat([ids, path[:-1]])[None]
+            hidden = hf.model(input_ids=full).last_hidden_state[0, ids.shape[0] - 1 :]
+            rows.append(hf.lm_head(hidden)[:, space])
+    p = process(torch.stack(rows), torch.arange(path.shape[0]), SamplingRecipe(cfg_scale, 1.0, 20, None),
+                enc.constraints)
+    sampler_id = {int(token): i for i, token in enumerate(space.tolist())}
+    for t, ids, ref_p in reference:
+        ours = [float(p[t, sampler_id[i]]) if i in sampler_id else 0.0 for i in ids]
+        assert np.allclose(ours, ref_p, atol=1e-5), (t, ids, ours, ref_p)
 
 
 def RejectionConfig(**fields) -> sp.SamplerConfig:

@@ -28,7 +28,7 @@ import sjd_pac_core.sampling.verify as verify
 from sjd_pac_core.models import emu3 as emu3_mod
 from sjd_pac_core.models import lumina_mgpt
 from sjd_pac_core.models.hf_common import pixels_to_pil
-from sjd_pac_core.sampling.recipe import SamplingRecipe, process
+from exactness_tools import assert_processed_p_matches
 from tiny_checkpoints import LAYOUT_BUILDERS
 
 torch.set_num_threads(1)
@@ -236,22 +236,8 @@ def test_lumina_greedy_tokens_match_the_reference(models, resolution, cfg):
 
 @pytest.mark.parametrize("resolution", list(LUMINA_P))
 def test_lumina_processed_p_matches_the_reference(models, resolution):
-    model = models["lumina_mgpt"]
-    enc = model.encode_prompt(PROMPT, resolution=resolution)
-    space = model.token_model.token_space
-    path = torch.tensor(LUMINA_TOKENS[(resolution, 3.0)])
-    hf = model.model
-    rows = []
-    with torch.no_grad():
-        for prompt in (enc.prompt_ids, enc.uncond_ids):  # plain full forwards, no cache
-            ids = torch.cat([prompt, path[:-1]])[None]
-            hidden = hf.model(input_ids=ids).last_hidden_state[0, prompt.shape[0] - 1 :]
-            rows.append(hf.lm_head(hidden)[:, space])
-    p = process(torch.stack(rows), torch.arange(path.shape[0]), SamplingRecipe(3.0, 1.0, 20, None), enc.constraints)
-    sampler_id = {int(bpe): i for i, bpe in enumerate(space.tolist())}
-    for t, ids, ref_p in LUMINA_P[resolution]:
-        ours = [float(p[t, sampler_id[i]]) if i in sampler_id else 0.0 for i in ids]
-        assert np.allclose(ours, ref_p, atol=1e-5), (t, ids, ours, ref_p)
+    assert_processed_p_matches(models["lumina_mgpt"], PROMPT, resolution, LUMINA_TOKENS[(resolution, 3.0)], 3.0,
+                               LUMINA_P[resolution])
 
 
 def test_lumina_vqgan_pixels_match_metas_code(models):

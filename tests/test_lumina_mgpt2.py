@@ -32,8 +32,7 @@ import sjd_pac_core as sp
 from sjd_pac_core.models import loader, lumina_mgpt2, movqgan
 from sjd_pac_core.models import sizes as sizes_mod
 from sjd_pac_core.models.memory import GB, plan_memory
-from sjd_pac_core.sampling.recipe import SamplingRecipe, process
-from exactness_tools import gumbel_cfg_tokens
+from exactness_tools import assert_processed_p_matches, gumbel_cfg_tokens
 from tiny_checkpoints import build_lumina2
 
 torch.set_num_threads(1)
@@ -142,21 +141,8 @@ def test_their_guidance_below_4_is_4(model):
 
 @pytest.mark.parametrize("resolution", ["96x96", "128x64"])
 def test_processed_p_along_the_path_equals_the_authors(model, resolution):
-    enc = model.encode_prompt(PROMPT, resolution=resolution)
-    space = model.token_model.token_space
-    path = torch.tensor(REF["tokens"][f"{resolution}|4.0"])
-    hf = model.model
-    rows = []
-    with torch.no_grad():
-        for prompt in (enc.prompt_ids, enc.uncond_ids):  # plain full forwards, no cache
-            ids = torch.cat([prompt, path[:-1]])[None]
-            hidden = hf.model(input_ids=ids).last_hidden_state[0, prompt.shape[0] - 1 :]
-            rows.append(hf.lm_head(hidden)[:, space])
-    p = process(torch.stack(rows), torch.arange(path.shape[0]), SamplingRecipe(4.0, 1.0, 20, None), enc.constraints)
-    sampler_id = {int(i): s for s, i in enumerate(space.tolist())}
-    for t, ids, ref_p in REF["p"][resolution]:
-        ours = [float(p[t, sampler_id[i]]) if i in sampler_id else 0.0 for i in ids]
-        assert np.allclose(ours, ref_p, atol=1e-5), (t, ids, ours, ref_p)
+    assert_processed_p_matches(model, PROMPT, resolution, REF["tokens"][f"{resolution}|4.0"], 4.0,
+                               REF["p"][resolution])
 
 
 def _unpack(text: str, dtype, shape) -> np.ndarray:

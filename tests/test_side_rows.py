@@ -97,7 +97,7 @@ def _last_pass() -> drafters.PassReport:
     window = DraftWindow(torch.tensor([3, 1, 6, 6]), torch.full((4, 10), 0.1))
     tree = TreeDraft(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool), tree_layout(shape))
     return drafters.PassReport(start=10, num_committed=12, target=4, draft=Draft(window, tree),
-                               layout=tree_layout(shape), node_tokens=node_tokens,
+                               node_tokens=node_tokens,
                                children=None, outcome=None, decisions=Decisions(accepted_child=accepted),
                                verdict=verdict, proposal_logits=None, stale=None)
 

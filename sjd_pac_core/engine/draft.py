@@ -6,6 +6,7 @@ Plain data, made by a Drafter (drafters.py) and carried by the loop's DecodeStat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional, Tuple
 
 import torch
@@ -82,9 +83,10 @@ class Draft:
     kept_by_ac: int = 0  # drafts carried over unchanged from the last pass (a statistic)
     nodes: Optional[int] = None  # pad the pass to this many nodes (a budget drafter's); None: the loop's envelope
 
-    @property
+    @cached_property
     def layout(self) -> TreeLayout:
-        """The pass's nodes: the tree's, or the window's chain (laid out once per length)."""
+        """The pass's nodes: the tree's, or the window's chain (laid out once per length; read by
+        the pass's plan and again by the next draft, so kept)."""
         return self.tree.layout if self.tree is not None else tree_layout(chain_shape(len(self.window)))
 
     @property

@@ -31,7 +31,7 @@ from ..config import SamplerConfig, TreeLevels
 from ..sampling.drafting import initial_proposals, rejected_mixture
 from ..sampling.recipe import SamplingRecipe
 from ..sampling.rules import NodeChildren
-from ..sampling.tree import TreeLayout, level_tree_shape, one_deviation_leaves, tree_layout
+from ..sampling.tree import level_tree_shape, one_deviation_leaves, tree_layout
 from ..transfer import to_device
 from .budget import (MAX_SLOTS, AcceptanceTable, BudgetTree, DecayedMean, chain_floor, fastest_budget, greedy_tree,
                      path_class, position_classes, ranked_tree)
@@ -64,7 +64,6 @@ class PassReport:
     num_committed: int  # committed tokens after it (the next window's first position)
     target: int  # window size the window policy wants for the next pass
     draft: Draft  # what this pass verified
-    layout: TreeLayout  # its tree's nodes (the draft's shape laid out)
     node_tokens: torch.Tensor  # long [S] on the device: each node's token (the draft laid out as the tree)
     children: NodeChildren  # device: every node's children by slot, their tokens and validity
     outcome: PassOutcome  # host: accepted path, final token, rejected or not
@@ -133,7 +132,7 @@ class Drafter(ABC):
         if mixture.off or not (outcome.rejected and len(window)):
             return window, False
         end = outcome.path_nodes[-1] if outcome.path_nodes else 0
-        rejected = report.layout.children[end]
+        rejected = report.draft.layout.children[end]
         if len(rejected) < 2 and mixture.laws is None:  # nothing to blend
             return window, False
         p = report.verdict.p
@@ -421,7 +420,7 @@ class BudgetDrafter(PACDrafter):
 
     def observe(self, report: PassReport) -> None:
         """Count, along the pass's accepted path, which candidate slot won at each position."""
-        layout = report.layout
+        layout = report.draft.layout
         accepted = report.decisions.accepted_child
         self.table.age()
         self.accepted_after[self.after_leaf].add(report.outcome.accepted)
@@ -487,7 +486,7 @@ class BudgetDrafter(PACDrafter):
         if report is None:
             return None
         verdict = report.verdict
-        return PastNodes.of(report.layout, report.decisions.accepted_child, report.node_tokens,
+        return PastNodes.of(report.draft.layout, report.decisions.accepted_child, report.node_tokens,
                             verdict.p, verdict.draft_token, report.start, position, SIDE_CHAIN)
 
 

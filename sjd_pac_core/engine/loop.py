@@ -325,7 +325,7 @@ class _Decoder:
                 self.rule.prepare(state.num_committed)
                 carried = continuation(layout, decisions, outcome, last_depth)
                 report = PassReport(start=n, num_committed=state.num_committed, target=target, draft=plan.draft,
-                                    layout=layout, node_tokens=plan.tokens[: layout.num_nodes],
+                                    node_tokens=plan.tokens[: layout.num_nodes],
                                     children=plan.children, outcome=outcome, decisions=decisions, verdict=verdict,
                                     proposal_logits=logits[:, carried.proposal],
                                     stale=StaleRows.gather(verdict, decisions, carried.nodes, self.device),

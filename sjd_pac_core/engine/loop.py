@@ -133,9 +133,8 @@ class PassShape:
               device: torch.device) -> "PassShape":
         s = layout.num_nodes
         pad = envelope - s
-        index = {(): 0}  # the few nodes that own a proposal: path -> node
         owners = np.full(s, -1, dtype=np.int64)  # node -> its own row (-1: none)
-        if layout.own_rows:
+        if layout.own_rows:  # the few nodes that own a proposal, found by their paths
             index = {path: node for node, path in enumerate(((),) + layout.shape.paths)}
             owners[[index[owner] for owner in layout.own_rows]] = np.arange(len(layout.own_rows))
         rows = levels + len(layout.own_rows)

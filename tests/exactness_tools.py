@@ -863,14 +863,14 @@ def _mixture_unnormalised(original):
 
 
 def _side_candidates_other_noise(original):
-    def faulty(probs, noise, k):
+    def faulty(log_weights, noise, k):
         # The draft (the top token under the position's noise) kept first, the others ranked by
         # another seed's noise (the position's noise rolled along the vocabulary): still exact
         # under the Gumbel rule, but the candidates are no longer the tokens its target favours.
         from sjd_pac_core.sampling.drafting import draft_and_ranked
 
-        first = original(probs, noise, 1)[..., 0]
-        ranked = original(probs, noise.roll(1, dims=-1), min(k + 1, probs.shape[-1]))
+        first = original(log_weights, noise, 1)[..., 0]
+        ranked = original(log_weights, noise.roll(1, dims=-1), min(k + 1, log_weights.shape[-1]))
         return draft_and_ranked(first, ranked, torch.ones_like(ranked, dtype=torch.bool), k)[0]
     return faulty
 
@@ -906,7 +906,7 @@ FAULTS = {
                                       _own_row_first_from_next_token),
     "law_unnormalised": ("sjd_pac_core.engine.neighbour_laws", "NeighbourLaws.window_law", _law_unnormalised),
     "mixture_unnormalised": ("sjd_pac_core.sampling.drafting", "rejected_mixture", _mixture_unnormalised),
-    "side_candidates_other_noise": ("sjd_pac_core.sampling.rules", "gumbel_top_k", _side_candidates_other_noise),
+    "side_candidates_other_noise": ("sjd_pac_core.sampling.rules", "gumbel_top_k_of_logs", _side_candidates_other_noise),
 }
 
 

@@ -568,17 +568,31 @@ def test_planted_unnormalised_first_draft_proposals_are_caught(monkeypatch, weig
 # candidate moves); under the rejection rule exact because verification subtracts the law they
 # were drawn from (recursive_rejection_rows' `beside`), and biased where it subtracts q instead.
 def _law_candidate_rows(monkeypatch):
-    """Counts, per call of Drafter.candidates_from_law that acted, whether the law (not a row's
-    own q) proposed a row's candidates."""
+    """Counts, per call of Drafter.candidates_from_law that read the law (as probabilities for the
+    rejection rule, as logs for the Gumbel rule), whether it proposed a row's candidates (had seen
+    a row's neighbours) rather than the row's own q."""
     original = drafters.Drafter.candidates_from_law
-    changed = []
+    changed, drafting = [], []
 
     def recording(ctx, laws, window, start, rows, width):
-        out = original(ctx, laws, window, start, rows, width)
-        if out[2] is not None:
-            changed.append(bool((out[2] != window.q[:rows]).any()))
-        return out
+        drafting.append(True)
+        try:
+            return original(ctx, laws, window, start, rows, width)
+        finally:
+            drafting.pop()
 
+    def seen_by(method):
+        real = getattr(NeighbourLaws, method)
+
+        def read(self, *args):
+            law, seen = real(self, *args)
+            if drafting:
+                changed.append(bool(seen.any()))
+            return law, seen
+        monkeypatch.setattr(NeighbourLaws, method, read)
+
+    seen_by("window_law")
+    seen_by("window_log_law")
     monkeypatch.setattr(drafters.Drafter, "candidates_from_law", staticmethod(recording))
     return changed
 

@@ -161,13 +161,20 @@ class Drafter(ABC):
         law has seen neither token (the draft was drawn from that q, so the row is then one draw
         without replacement from it, as `rule.candidates` makes it). Returns (candidates, valid,
         beside_q): beside_q [rows, V] is the law each row's other slots came from, for
-        verification; without laws, the rule's draw from q and None."""
+        verification (None where the rule does not read it); without laws, the rule's draw from
+        q and None."""
         positions = ctx.positions[start : start + rows]
         q, first = window.q[:rows], window.tokens[:rows]
         if laws is None or width < 2:
             cands, valid = ctx.rule.candidates(q, first, width, positions)
             return cands, valid, None
-        law, seen = laws.window_law(start, window.tokens, ctx.committed, ctx.constraints.mask(positions))
+        allowed = ctx.constraints.mask(positions)
+        if not ctx.rule.reads_beside:  # only the law's ranking counts: its logs, never normalised
+            log_law, seen = laws.window_log_law(start, window.tokens, ctx.committed, rows)
+            log_beside = torch.where(seen.unsqueeze(1), log_law.masked_fill(~allowed, float("-inf")), torch.log(q))
+            cands, valid = ctx.rule.candidates_beside_of_logs(log_beside, first, width, positions)
+            return cands, valid, None
+        law, seen = laws.window_law(start, window.tokens, ctx.committed, allowed)
         beside_q = torch.where(seen.unsqueeze(1), law.to(q.dtype), q)
         cands, valid = ctx.rule.candidates_beside(beside_q, first, width, positions)
         return cands, valid, beside_q

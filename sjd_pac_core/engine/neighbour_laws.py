@@ -144,9 +144,19 @@ class NeighbourLaws:
                    allowed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The proposal for each of the image positions start .. start + R - 1 along a window
         whose drafts from `start` on are `drafts` (long, at least R - 1 of them), from the token
-        to its left and the token above, each committed (before `start`) or the window's draft: q [R, V] restricted to `allowed` (bool [R, V]), and seen (bool [R]), False
-        where neither token has been seen. Device ops only."""
-        rows = allowed.shape[0]
+        to its left and the token above, each committed (before `start`) or the window's draft:
+        q [R, V] restricted to `allowed` (bool [R, V]), and seen (bool [R]), False where neither
+        token has been seen. Device ops only."""
+        mean_log, seen = self.window_log_law(start, drafts, committed, allowed.shape[0])
+        weights = torch.exp(mean_log - mean_log.max(-1, keepdim=True).values) * allowed
+        return weights / weights.sum(-1, keepdim=True).clamp(min=1e-30), seen
+
+    def window_log_law(self, start: int, drafts: torch.Tensor, committed: torch.Tensor,
+                       rows: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """`window_law` as logs, before it is restricted and normalised: [R, V], each row the
+        mean of its experts' log laws (finite, at least log FLOOR; a row's constant apart from
+        the log of window_law's q where allowed), and seen [R]. What only needs the law's order
+        (a Gumbel ranking) reads this and skips the normalisation."""
         line = torch.cat([committed[start - 1 : start], drafts[: rows - 1]])  # the token to the left
         mean_log = self._log_law(self.left_sum, self.left_count, line)
         experts = (self.left_count[line] > 0).to(mean_log.dtype)
@@ -157,9 +167,7 @@ class NeighbourLaws:
             has = (up >= 0) & (self.above_count[above] > 0)
             mean_log = mean_log + self._log_law(self.above_sum, self.above_count, above) * has.unsqueeze(1)
             experts = experts + has.to(mean_log.dtype)
-        mean_log = mean_log / experts.clamp(min=1.0).unsqueeze(1)
-        weights = torch.exp(mean_log - mean_log.max(-1, keepdim=True).values) * allowed
-        return weights / weights.sum(-1, keepdim=True).clamp(min=1e-30), experts > 0
+        return mean_log / experts.clamp(min=1.0).unsqueeze(1), experts > 0
 
     @staticmethod
     def _log_law(sums: Union[DenseRows, TopRows], counts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

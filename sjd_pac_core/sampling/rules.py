@@ -11,6 +11,9 @@ Both expose the same operations, so the loop never branches on the rule:
   candidates_beside(law, first, k, positions)
                                       the same with the k-1 others from another law (the
                                       draft left out); verify then takes that law as `beside`
+                                      where the rule `reads_beside` (rejection does, Gumbel
+                                      does not: it also takes the law as logs,
+                                      candidates_beside_of_logs, and skips normalising it)
   chain_candidates(...)               the same for many rows at once (the chain siblings)
 Every operation stays on the device: no host sync.
 """
@@ -27,10 +30,11 @@ from .drafting import draft_and_ranked
 from .verify import (
     beside_validity,
     candidate_validity,
+    candidate_validity_of_logs,
     first_true,
     gumbel_argmax,
     gumbel_noise,
-    gumbel_top_k,
+    gumbel_top_k_of_logs,
     recursive_rejection_rows,
     residual,
     sample,
@@ -74,6 +78,8 @@ class DrawnFrom(Protocol):
 
 class RejectionRule:
     """Speculative rejection sampling; exact in distribution."""
+
+    reads_beside = True  # verify weighs the slots beside the draft by the law they were drawn from
 
     def __init__(self, generator: torch.Generator) -> None:
         self.generator = generator
@@ -184,6 +190,8 @@ class GumbelRule:
     case) the noise is hashed once per position; without one, on every call.
     """
 
+    reads_beside = False  # any tokens fixed before the pass are exact: verify never reads their laws
+
     def __init__(self, seed: int, vocab_size: int, window: Optional[GumbelNoiseWindow] = None) -> None:
         self.seed = seed
         self.vocab_size = vocab_size
@@ -215,7 +223,7 @@ class GumbelRule:
         self, q: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         # Each draft `first` is already argmax(log q + G); the top-k keeps it first.
-        return gumbel_top_k(q, self._noise(positions), k), candidate_validity(q, k)
+        return gumbel_top_k_of_logs(torch.log(q), self._noise(positions), k), candidate_validity(q, k)
 
     def candidates_beside(
         self, law: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor
@@ -223,8 +231,14 @@ class GumbelRule:
         """`first`, then the k - 1 best tokens of `law` under the position's noise, `first`
         left out: any distinct tokens fixed before the pass are exact here, and these are the
         ones the target is most likely to be."""
-        ranked = gumbel_top_k(law, self._noise(positions), min(k + 1, int(law.shape[-1])))
-        return draft_and_ranked(first, ranked, candidate_validity(law, ranked.shape[1]), k)
+        return self.candidates_beside_of_logs(torch.log(law), first, k, positions)
+
+    def candidates_beside_of_logs(
+        self, log_law: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """`candidates_beside` from the law's logs, unnormalised (-inf where it gives nothing)."""
+        ranked = gumbel_top_k_of_logs(log_law, self._noise(positions), min(k + 1, int(log_law.shape[-1])))
+        return draft_and_ranked(first, ranked, candidate_validity_of_logs(log_law, ranked.shape[1]), k)
 
     def chain_candidates(
         self, q: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor

@@ -146,9 +146,11 @@ def gumbel_argmax(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return (torch.log(probs.clamp(min=_LEAST_POSITIVE)) + noise).max(-1).indices
 
 
-def gumbel_top_k(probs: torch.Tensor, noise: torch.Tensor, k: int) -> torch.Tensor:
-    """The k largest log p + G: a draw of k without replacement; the first is gumbel_argmax."""
-    return torch.topk(torch.log(probs) + noise, k, dim=-1).indices
+def gumbel_top_k_of_logs(log_weights: torch.Tensor, noise: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest log w + G: a draw of k without replacement from w normalised (the first is
+    gumbel_argmax). The log weights (-inf for none) need not be normalised: a row's constant
+    changes no rank."""
+    return torch.topk(log_weights + noise, k, dim=-1).indices
 
 
 def recursive_rejection_rows(
@@ -193,6 +195,12 @@ def beside_validity(law: torch.Tensor, first: torch.Tensor, width: int) -> torch
     from it with the draft left out, `sample_without_replacement_rows`)."""
     others = (law > 0).sum(-1, keepdim=True) - (law.gather(-1, first.unsqueeze(-1)) > 0).long()
     return torch.arange(width, device=law.device) <= others
+
+
+def candidate_validity_of_logs(log_weights: torch.Tensor, width: int) -> torch.Tensor:
+    """candidate_validity from log weights: the support is where they are above -inf."""
+    support = (log_weights > float("-inf")).sum(-1, keepdim=True)
+    return torch.arange(width, device=log_weights.device) < support
 
 
 def candidate_validity(q: torch.Tensor, width: int) -> torch.Tensor:

@@ -53,7 +53,7 @@ def test_a_pass_at_another_position_does_not_score_the_redraw():
 
 
 def test_a_vocabulary_whose_laws_do_not_fit_leaves_the_law_out(monkeypatch):
-    monkeypatch.setattr(memory, "LAW_DENSE_MAX_BYTES", 3 * 3 * 4)  # one 3-token table, not two
+    monkeypatch.setattr(memory, "LAW_DENSE_MAX_BYTES", (3 + 1) * 3 * 4)  # one 3-token table, not two
     monkeypatch.setattr(memory, "LAW_COMPACT_MAX_BYTES", 0)  # and no compact rows
     mixture = FirstDraftMixture()
     p = torch.tensor([[0.5, 0.5, 0.0]])

@@ -15,7 +15,7 @@ draft drawn from them, so verification stays exact under both rules. `engine/mix
 the law into the first draft at the weight the run's own passes score best.
 
 Two tables of summed p's, one row per token, and their counts, sized by the memory plan
-(`models.memory.law_row_entries`). Where two [V, V] tables fit (the demo model's 567 tokens take
+(`models.memory.law_row_entries`). Where two [V + 1, V] tables fit (the demo model's 567 tokens take
 2.6 MB) the rows are dense (`DenseRows`). A 7B family's image codes (8,194 to 32,772 tokens:
 gigabytes dense) keep in each row only its 64 largest sums (`TopRows`: 13-50 MB): the tokens a
 law gives almost nothing to are the ones it would not propose anyway.
@@ -40,10 +40,11 @@ def run_starts(ordered: torch.Tensor) -> torch.Tensor:
 
 
 class DenseRows:
-    """Summed p's per token, every entry kept: [V, V] floats."""
+    """Summed p's per token, every entry kept: [V + 1, V] floats (row V takes the p's that do
+    not count, and is never read)."""
 
     def __init__(self, vocab: int, device: torch.device) -> None:
-        self.sums = torch.zeros(vocab, vocab, device=device)
+        self.sums = torch.zeros(vocab + 1, vocab, device=device)
 
     def add(self, rows: torch.Tensor, p: torch.Tensor) -> None:
         """Add p[i] [V] to row rows[i] (rows may repeat)."""
@@ -56,7 +57,8 @@ class DenseRows:
 
 class TopRows:
     """Summed p's per token, each row keeping its `kept` largest entries: ids long [V + 1, kept]
-    and sums [V + 1, kept] (row V takes the entries a merge drops). Merging is fixed-shape tensor
+    and sums [V + 1, kept] (row V takes the entries a merge drops, and the p's that do not
+    count; it is never read). Merging is fixed-shape tensor
     work (a sort, segment sums, a rank within each row): no host sync, no loop."""
 
     def __init__(self, vocab: int, kept: int, device: torch.device) -> None:
@@ -111,27 +113,31 @@ class NeighbourLaws:
         """kept: the sums a row keeps (None or >= vocab: every one, dense rows)."""
         def table() -> Union[DenseRows, TopRows]:
             return DenseRows(vocab, device) if kept is None or kept >= vocab else TopRows(vocab, kept, device)
+        self.vocab = vocab
         self.row_length = row_length
+        # the tables and counts have a row V more: a p that does not count goes there, so that no
+        # pass multiplies its [S, V] p's by a mask; row V is never read
         self.left_sum = table()
-        self.left_count = torch.zeros(vocab, device=device)
+        self.left_count = torch.zeros(vocab + 1, device=device)
         self.above_sum = table() if row_length else None
-        self.above_count = torch.zeros(vocab, device=device) if row_length else None
+        self.above_count = torch.zeros(vocab + 1, device=device) if row_length else None
 
     def add(self, tokens: torch.Tensor, positions: torch.Tensor, p: torch.Tensor, committed: torch.Tensor,
             num_committed: int) -> None:
         """One verified pass: node i holds `tokens[i]` and computed `p[i]` for image position
         `positions[i]`; `committed[:num_committed]` are final. Device ops only (no host sync)."""
         num_tokens = committed.shape[0]
-        inside = (positions < num_tokens).to(p.dtype)  # a pass near the end feeds past the image
-        self.left_sum.add(tokens, p * inside.unsqueeze(-1))
-        self.left_count.index_add_(0, tokens, inside)
+        inside = positions < num_tokens  # a pass near the end feeds past the image
+        left = torch.where(inside, tokens, self.vocab)
+        self.left_sum.add(left, p)
+        self.left_count.index_add_(0, left, inside.to(p.dtype))
         if self.above_sum is None:
             return
         up = positions - self.row_length
-        known = ((up >= 0) & (up < num_committed)).to(p.dtype) * inside  # the token above is final
-        above = committed.index_select(0, up.clamp(0, num_tokens - 1))
-        self.above_sum.add(above, p * known.unsqueeze(-1))
-        self.above_count.index_add_(0, above, known)
+        known = (up >= 0) & (up < num_committed) & inside  # the token above is final
+        above = torch.where(known, committed.index_select(0, up.clamp(0, num_tokens - 1)), self.vocab)
+        self.above_sum.add(above, p)
+        self.above_count.index_add_(0, above, known.to(p.dtype))
 
     def law(self, position: int, committed: torch.Tensor, allowed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The proposal for image `position` (>= 1) from the committed tokens to its left and above,

@@ -204,7 +204,7 @@ class MemoryPlan:
 
 
 # The run's neighbour laws (engine/neighbour_laws.py): two tables with a row per token, dense
-# [V, V] floats where both fit LAW_DENSE_MAX_BYTES, else each row's largest sums (an id and a sum,
+# [V + 1, V] floats where both fit LAW_DENSE_MAX_BYTES, else each row's largest sums (an id and a sum,
 # 12 bytes each) within LAW_COMPACT_MAX_BYTES, at most LAW_MAX_KEPT a row; no law below LAW_MIN_KEPT.
 LAW_DENSE_MAX_BYTES = 256 * 2**20
 LAW_COMPACT_MAX_BYTES = 64 * 2**20
@@ -215,7 +215,7 @@ LAW_MIN_KEPT = 8  # fewer would not fill a tree's first level
 def law_row_entries(vocab: int, tables: int = 2) -> Optional[int]:
     """Sums a row of the neighbour-law tables keeps for `vocab` tokens: vocab (dense), fewer
     (compact), or None (no law)."""
-    if tables * vocab * vocab * 4 <= LAW_DENSE_MAX_BYTES:
+    if tables * (vocab + 1) * vocab * 4 <= LAW_DENSE_MAX_BYTES:
         return vocab
     kept = min(LAW_MAX_KEPT, LAW_COMPACT_MAX_BYTES // (tables * (vocab + 1) * 12))
     return kept if kept >= LAW_MIN_KEPT else None
@@ -226,7 +226,7 @@ def law_table_bytes(vocab: int, tables: int = 2) -> int:
     kept = law_row_entries(vocab, tables)
     if kept is None:
         return 0
-    return tables * vocab * vocab * 4 if kept >= vocab else tables * (vocab + 1) * kept * 12
+    return tables * (vocab + 1) * vocab * 4 if kept >= vocab else tables * (vocab + 1) * kept * 12
 
 
 def _bytes(dtype: torch.dtype) -> int:

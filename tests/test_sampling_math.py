@@ -158,7 +158,7 @@ def test_recursive_rejection_rows_controls():
     assert calls.count > 0
     residual_calls = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(verify, "residual", lambda p, q: residual_calls.append(1) or p)
+        patch.setattr(verify, "residual", lambda p, q, rows=None: residual_calls.append(1) or p)
         assert _worst_level_error() > 0.05
     assert residual_calls
 

@@ -32,11 +32,14 @@ def accept_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
     return torch.clamp(p_x / q_x, max=1.0)
 
 
-def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """normalize(max(p - q, 0)) over the last axis: what to draw from after a rejection."""
+def residual(p: torch.Tensor, q: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """normalize(max(p - q, 0)) over the last axis: what to draw from after a rejection. A row
+    left with (almost) no mass stays p, as does a row `rows` (bool [..., 1]) leaves out: the
+    same one select."""
     diff = torch.clamp(p - q, min=0.0)
     mass = diff.sum(-1, keepdim=True)
-    return torch.where(mass > _RESIDUAL_EPS, diff / mass.clamp(min=_RESIDUAL_EPS), p)
+    take = mass > _RESIDUAL_EPS if rows is None else (mass > _RESIDUAL_EPS) & rows
+    return torch.where(take, diff / mass.clamp(min=_RESIDUAL_EPS), p)
 
 
 def speculative_accept(
@@ -178,15 +181,13 @@ def recursive_rejection_rows(
     probs = []
     for k in range(candidates.shape[-1]):  # K is the tree width (a handful), not a token count
         c = candidates[:, k : k + 1]
-        real = valid[:, k : k + 1]
-        prob = accept_probability(p_k.gather(-1, c), q_k.gather(-1, c).clamp(min=1e-30))
-        probs.append(torch.where(real, prob, torch.zeros_like(prob)).squeeze(-1))
-        p_k = torch.where(real, residual(p_k, q_k), p_k)
+        probs.append(accept_probability(p_k.gather(-1, c), q_k.gather(-1, c).clamp(min=1e-30)).squeeze(-1))
+        p_k = residual(p_k, q_k, rows=valid[:, k : k + 1])  # a padding slot leaves it as it was
         law = beside if k == 0 and beside is not None else q_k
-        q_next = law.scatter(-1, c, 0.0)
-        q_next = q_next / q_next.sum(-1, keepdim=True).clamp(min=1e-30)
-        q_k = torch.where(real, q_next, q_k)
-    return torch.stack(probs, dim=-1), p_k
+        # A row's q past its last real slot is never read (every later slot pads too): no select.
+        q_k = law.scatter(-1, c, 0.0)
+        q_k = q_k / q_k.sum(-1, keepdim=True).clamp(min=1e-30)
+    return torch.where(valid, torch.stack(probs, dim=-1), 0.0), p_k
 
 
 def beside_validity(law: torch.Tensor, first: torch.Tensor, width: int) -> torch.Tensor:

@@ -30,8 +30,8 @@ from sjd_pac_core.models import emu3 as emu3_mod
 from sjd_pac_core.models import janus as janus_mod
 from sjd_pac_core.models import loader
 from sjd_pac_core.models import lumina_mgpt
-from sjd_pac_core.sampling.recipe import SamplingRecipe, process
-from sjd_pac_core.sampling.verify import gumbel_argmax, gumbel_noise
+from sjd_pac_core.sampling.recipe import SamplingRecipe, processed_logits
+from sjd_pac_core.sampling.verify import gumbel_argmax_of_logs, gumbel_noise
 from tiny_checkpoints import BUILDERS, TINY_VQGAN
 
 torch.set_num_threads(1)
@@ -199,8 +199,8 @@ def test_ar_matches_a_naive_full_forward_loop(models, family):
             _reference_logits(model, family, enc.uncond_ids, tokens),
         ])[:, None]
         pos = torch.tensor([t])
-        p = process(logits, pos, recipe, constraints)
-        tokens = torch.cat([tokens, gumbel_argmax(p, gumbel_noise(seed, pos, vocab))])
+        processed = processed_logits(logits, pos, recipe, constraints)  # log p up to a constant
+        tokens = torch.cat([tokens, gumbel_argmax_of_logs(processed, gumbel_noise(seed, pos, vocab))])
     assert torch.equal(run(model, "ar", seed).tokens, tokens)
 
 

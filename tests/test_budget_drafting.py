@@ -359,8 +359,8 @@ def _budget_cut_after_the_outcome(monkeypatch):
     original = rules.RejectionRule.verify
     calls = []
 
-    def faulty(self, p, positions, children, drawn_from):
-        accepted, next_token = original(self, p, positions, children, drawn_from)
+    def faulty(self, p, positions, children, drawn_from, logits):
+        accepted, next_token = original(self, p, positions, children, drawn_from, logits)
         calls.append(1)
         stopped = (accepted < 0) & children.valid[:, 0]  # had candidates, all rejected
         return accepted, torch.where(stopped, rules.sample(p, self.generator), next_token)
@@ -505,12 +505,12 @@ def _verified_row_sums(monkeypatch) -> list:
     original = rules.RejectionRule.verify
     gaps: list = []
 
-    def recording(self, p, positions, children, drawn_from):
+    def recording(self, p, positions, children, drawn_from, logits):
         q, beside = drawn_from.proposals, drawn_from.beside_proposals
         used = children.q_rows.index_select(0, torch.cat([children.single, children.multi]))
         rows = [q.index_select(0, used)] + ([] if beside is None else [beside.index_select(0, used)])
         gaps.append(max((float((r.double().sum(-1) - 1.0).abs().max()) for r in rows if r.numel()), default=0.0))
-        return original(self, p, positions, children, drawn_from)
+        return original(self, p, positions, children, drawn_from, logits)
 
     monkeypatch.setattr(rules.RejectionRule, "verify", recording)
     return gaps

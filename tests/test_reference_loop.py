@@ -21,8 +21,8 @@ import torch
 
 import sjd_pac_core as sp
 from exactness_tools import planted_fault
-from sjd_pac_core.sampling.recipe import SamplingRecipe, TokenConstraints, process
-from sjd_pac_core.sampling.verify import gumbel_argmax, gumbel_noise
+from sjd_pac_core.sampling.recipe import SamplingRecipe, TokenConstraints, processed_logits
+from sjd_pac_core.sampling.verify import gumbel_argmax_of_logs, gumbel_noise
 from tiny_checkpoints import BUILDERS
 
 torch.set_num_threads(1)
@@ -119,8 +119,8 @@ def reference_tokens(model, config: sp.SamplerConfig, seed: int) -> torch.Tensor
     for t in range(constraints.num_tokens):  # the naive reference: one step per token
         logits = torch.stack([_full_forward_logits(model, p, tokens) for p in prompts])[:, None]
         pos = torch.tensor([t])
-        p_t = process(logits, pos, recipe, constraints)
-        tokens = torch.cat([tokens, gumbel_argmax(p_t, gumbel_noise(seed, pos, vocab))])
+        logits_t = processed_logits(logits, pos, recipe, constraints)  # log p_t up to a constant
+        tokens = torch.cat([tokens, gumbel_argmax_of_logs(logits_t, gumbel_noise(seed, pos, vocab))])
     return tokens
 
 

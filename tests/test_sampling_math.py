@@ -27,6 +27,7 @@ from sjd_pac_core.sampling.verify import (
     candidate_validity,
     first_true,
     gumbel_argmax,
+    gumbel_argmax_of_logs,
     gumbel_noise,
     residual,
     sample,
@@ -432,6 +433,21 @@ def test_gumbel_argmax_control_zeros_raised_too_far_changes_draws():
     p = torch.softmax(torch.randn(400, 567) * 30.0, -1)
     noise = gumbel_noise(5, torch.arange(400), 567)
     assert not torch.equal(_plain_gumbel_argmax(p.clamp(min=1e-3), noise), gumbel_argmax(p, noise))
+
+
+def test_a_target_from_processed_logits_is_the_gumbel_argmax_of_their_softmax():
+    # The Gumbel rule's target reads the processed logits (GumbelRule.target): log p less a
+    # constant per row. Masked, flat, sharp and very sharp rows, each shifted by its own constant.
+    torch.manual_seed(2)
+    logits = torch.randn(300, 567) * torch.tensor([1.0, 30.0, 200.0]).repeat(100).unsqueeze(1)
+    logits[:, 512:] = float("-inf")
+    noise = gumbel_noise(13, torch.arange(300), 567)
+    shifted = logits + torch.randn(300, 1) * 50.0
+    target = gumbel_argmax_of_logs(logits, noise)
+    assert torch.equal(target, gumbel_argmax(torch.softmax(logits, -1), noise))
+    assert torch.equal(gumbel_argmax_of_logs(shifted, noise), target)
+    # Control: logits that are not log p's (the temperature left out) give other tokens.
+    assert not torch.equal(gumbel_argmax_of_logs(logits * 2.0, noise), target)
 
 
 def test_tree_layout_widths_and_chain():

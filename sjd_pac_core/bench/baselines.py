@@ -5,13 +5,15 @@ prompt as a second, unbatched forward with its own cache, and it knows nothing o
 layout's constraints (forced end-of-line tokens, image codes only). So the baseline feeds
 `generate` both prompts as one left-padded batch (conditional row, unconditional row) and puts
 the whole recipe into one logits processor, `RecipeLogitsProcessor`: CFG over the two rows,
-the position's constraints, temperature, top-k/top-p (the library's own `process`), then the
-draw; it returns scores where only the drawn token is finite, on both rows, so greedy `generate`
-appends that token to both rows, exactly as our sampler feeds the committed token to both.
+the position's constraints, temperature, top-k/top-p (the library's own `processed_logits`),
+then the draw; it returns scores where only the drawn token is finite, on both rows, so greedy
+`generate` appends that token to both rows, exactly as our sampler feeds the committed token to
+both.
 
 With verify="gumbel" the draw is `argmax(log p + G_t)` with the library's position-keyed noise,
-so the baseline must return our AR's tokens for the same seed (tests/test_bench.py checks it);
-with "rejection" it is a multinomial draw from p.
+taken from the processed logits as the Gumbel rule's target is, so the baseline must return our
+AR's tokens for the same seed (tests/test_bench.py checks it); with "rejection" it is a
+multinomial draw from p.
 
 Three rows: dynamic cache (`generate`), static cache, and static cache + `torch.compile`
 (transformers' own auto-compilation of the decoding step; mode "reduce-overhead" on CUDA,
@@ -31,8 +33,8 @@ from transformers import LogitsProcessor
 from ..config import SamplerConfig
 from ..models.causal_lm import CausalLMAdapter
 from ..models.image_model import ARImageModel, PromptEncoding
-from ..sampling.recipe import SamplingRecipe, TokenConstraints, process
-from ..sampling.verify import gumbel_argmax, gumbel_noise
+from ..sampling.recipe import SamplingRecipe, TokenConstraints, processed_logits
+from ..sampling.verify import gumbel_argmax_of_logs, gumbel_noise
 
 
 class BaselineUnsupported(ValueError):
@@ -75,11 +77,11 @@ class RecipeLogitsProcessor(LogitsProcessor):
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         position = torch.tensor([input_ids.shape[1] - self.prompt_width], device=scores.device)
         logits = scores if self.token_space is None else scores.index_select(-1, self.token_space)
-        p = process(logits.unsqueeze(1), position, self.recipe, self.constraints)  # [1, V']
-        if self.verify == "gumbel":
-            token = gumbel_argmax(p, gumbel_noise(self.seed, position, p.shape[-1]))
+        processed = processed_logits(logits.unsqueeze(1), position, self.recipe, self.constraints)  # [1, V']
+        if self.verify == "gumbel":  # the Gumbel rule's target (GumbelRule.target)
+            token = gumbel_argmax_of_logs(processed, gumbel_noise(self.seed, position, processed.shape[-1]))
         else:
-            token = torch.multinomial(p, 1, generator=self.generator).reshape(1)
+            token = torch.multinomial(torch.softmax(processed, dim=-1), 1, generator=self.generator).reshape(1)
         if self.token_space is not None:
             token = self.token_space[token]
         out = torch.full_like(scores, float("-inf"))

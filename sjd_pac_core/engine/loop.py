@@ -30,7 +30,7 @@ from ..models.causal_lm import as_token_model
 from ..sampling import rules
 from ..sampling.constraint_table import ConstraintTable
 from ..sampling.drafting import adaptive_continuation
-from ..sampling.recipe import SamplingRecipe, TokenConstraints, process
+from ..sampling.recipe import SamplingRecipe, TokenConstraints, processed_logits
 from ..sampling.rules import NodeChildren
 from ..sampling.tree import TreeLayout, layout_bytes
 from ..transfer import arrays_to_device, copy_to_device, to_device
@@ -270,9 +270,10 @@ class _Decoder:
         self.timer.stop()
         pos0 = self.positions[:1]
         self.rule.prepare(0)
-        p0 = process(logits.unsqueeze(1), pos0, self.recipe, self.constraints)
+        logits0 = processed_logits(logits.unsqueeze(1), pos0, self.recipe, self.constraints)
+        p0 = torch.softmax(logits0, dim=-1)
         committed = self.committed
-        committed[:1] = self.rule.draw(p0, pos0)
+        committed[:1] = self.rule.target(p0, logits0, pos0)
         if self.auto_window and self.config.compile:
             self.window_policy = FixedWindow(AUTO_START_WINDOW)  # until the warm-up times the graphs
         elif self.config.node_budget == "auto":  # the budget drafter prices its passes on this hardware
@@ -418,9 +419,10 @@ class _Decoder:
         s = plan.shape.layout.num_nodes
         self.rule.prepare(n)
         positions = (n + plan.shape.depths[:s]).clamp(max=last)
-        probs = process(logits[:, :s], positions, self.recipe, self.constraints)
+        processed = processed_logits(logits[:, :s], positions, self.recipe, self.constraints)
+        probs = torch.softmax(processed, dim=-1)
         children = plan.children
-        accepted, next_token = self.rule.verify(probs, positions, children, plan.draft)
+        accepted, next_token = self.rule.verify(probs, positions, children, plan.draft, processed)
         chosen = children.tokens.gather(1, accepted.clamp(min=0).unsqueeze(1)).squeeze(1)
         draft_token = adaptive_continuation(chosen, accepted >= 0, next_token)
         return Verdict(accepted_child=accepted, next_token=next_token, draft_token=draft_token, p=probs,

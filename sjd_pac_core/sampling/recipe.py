@@ -204,8 +204,20 @@ def process(
 
     logits: [B, S, V] raw model logits (B = 2 with CFG: conditional row, unconditional row).
     positions: long [S], the image-token index each row is a prediction for.
-    Returns float32 probabilities [S, V].
+    Returns float32 probabilities [S, V]: the softmax of `processed_logits`.
     """
+    return torch.softmax(processed_logits(logits, positions, recipe, constraints), dim=-1)
+
+
+def processed_logits(
+    logits: torch.Tensor,
+    positions: torch.Tensor,
+    recipe: SamplingRecipe,
+    constraints: TokenConstraints,
+) -> torch.Tensor:
+    """The recipe's logits for each row, before the softmax: guided, restricted to the allowed
+    tokens, tempered and filtered; float32 [S, V], -inf where a token is dropped. log p differs
+    from them by a constant per row, which is all a Gumbel argmax needs."""
     guided = classifier_free_guidance(logits.float(), recipe.cfg_scale)
     guided = guided.masked_fill(~constraints.mask(positions), float("-inf"))
     guided = guided / recipe.temperature
@@ -213,4 +225,4 @@ def process(
         guided = top_k_filter(guided, recipe.top_k)
     if recipe.top_p is not None:
         guided = top_p_filter(guided, recipe.top_p)
-    return torch.softmax(guided, dim=-1)
+    return guided

@@ -2,8 +2,10 @@
 
 Both expose the same operations, so the loop never branches on the rule:
   prepare(start)                      the pass verifies positions from `start` on (host int)
-  draw(p, positions)                  a token from each row of p (first token, redraft)
-  verify(p, positions, children, drawn_from)
+  draw(p, positions)                  a token from each row of p (a draft)
+  target(p, logits, positions)        the token the model's own row commits, given its p and the
+                                      processed logits p is the softmax of
+  verify(p, positions, children, drawn_from, logits)
                                       per tree node: which child (in slot order) is accepted,
                                       and the token committed if the walk ends at the node
   candidates(q, first, k, positions)  PD candidates per row: `first`, then k-1 more without
@@ -33,6 +35,7 @@ from .verify import (
     candidate_validity_of_logs,
     first_true,
     gumbel_argmax,
+    gumbel_argmax_of_logs,
     gumbel_noise,
     gumbel_top_k_of_logs,
     recursive_rejection_rows,
@@ -93,8 +96,12 @@ class RejectionRule:
     def draw(self, p: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return sample(p, self.generator)
 
+    def target(self, p: torch.Tensor, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.draw(p, positions)
+
     def verify(
         self, p: torch.Tensor, positions: torch.Tensor, children: NodeChildren, drawn_from: DrawnFrom,
+        logits: torch.Tensor,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Speculative acceptance where a node has one child, recursive rejection in slot order
         where it has several (the first accepted wins), a draw from the final residual where
@@ -209,14 +216,19 @@ class GumbelRule:
     def draw(self, p: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return gumbel_argmax(p, self._noise(positions))
 
+    def target(self, p: torch.Tensor, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """argmax(logits + G): log p less its row's constant, so no log of p is taken."""
+        return gumbel_argmax_of_logs(logits, self._noise(positions))
+
     def verify(
         self, p: torch.Tensor, positions: torch.Tensor, children: NodeChildren, drawn_from: DrawnFrom,
+        logits: torch.Tensor,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Every node's target argmax(log p + G) at once: a child is accepted exactly when its
-        token is its parent's target (children are distinct, so at most one is), and the target
-        is what is committed where the walk ends. Any tree is exact under this rule, so the laws
-        the children were drawn from are not read (nor built)."""
-        target = self.draw(p, positions)
+        """Every node's target argmax(log p + G) at once (from the logits p is the softmax of): a
+        child is accepted exactly when its token is its parent's target (children are distinct,
+        so at most one is), and the target is what is committed where the walk ends. Any tree is
+        exact under this rule, so the laws the children were drawn from are not read (nor built)."""
+        target = self.target(p, logits, positions)
         return first_true((children.tokens == target.unsqueeze(-1)) & children.valid), target
 
     def candidates(

@@ -146,7 +146,14 @@ def gumbel_argmax(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     log(1 / V) - 4 stays above -103.3 + 23 for any vocabulary under 10^33 tokens. The index
     comes from max, which returns the first on ties as argmax does, and runs about 3 times
     faster on a CPU over a pass's [nodes, V]."""
-    return (torch.log(probs.clamp(min=_LEAST_POSITIVE)) + noise).max(-1).indices
+    return gumbel_argmax_of_logs(torch.log(probs.clamp(min=_LEAST_POSITIVE)), noise)
+
+
+def gumbel_argmax_of_logs(log_weights: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """gumbel_argmax from log weights (-inf for none), which need not be normalised: a row's
+    constant moves no argmax. A model's processed logits are such weights for its p, so a
+    target needs no log of p (`sampling.recipe.processed_logits`)."""
+    return (log_weights + noise).max(-1).indices
 
 
 def gumbel_top_k_of_logs(log_weights: torch.Tensor, noise: torch.Tensor, k: int) -> torch.Tensor:

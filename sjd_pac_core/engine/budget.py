@@ -231,7 +231,7 @@ class BudgetTree:
         layout = layout_of_nodes(parents, slots)
         window = len(layout.main_nodes) - 1
         widths = np.zeros(window, dtype=np.int64)
-        np.maximum.at(widths, np.asarray(layout.node_depths[1:]) - 1, np.asarray(layout.node_slots[1:]) + 1)
+        np.maximum.at(widths, layout.node_depths[1:] - 1, layout.node_slots[1:] + 1)
         return BudgetTree(layout, window, tuple(widths.tolist()), tuple(expected))
 
     def first(self, nodes: int) -> "BudgetTree":
@@ -239,7 +239,7 @@ class BudgetTree:
         if self.own_rows:
             return BudgetTree.of(self.paths[:nodes], self.expected[:nodes], own_rows=True)
         kept = slice(0, nodes + 1)  # the root and the first `nodes` added
-        return BudgetTree.of_nodes(np.asarray(self.layout.node_parents[kept]), np.asarray(self.layout.node_slots[kept]),
+        return BudgetTree.of_nodes(self.layout.node_parents[kept], self.layout.node_slots[kept],
                                    self.expected[:nodes])
 
 

@@ -139,9 +139,7 @@ class PassShape:
             owners[[index[owner] for owner in layout.own_rows]] = np.arange(len(layout.own_rows))
         rows = levels + len(layout.own_rows)
         pad_source = 1 + rows * width + window  # the padding token's index in the flat source
-        depths = np.asarray(layout.node_depths, dtype=np.int64)
-        slots = np.asarray(layout.node_slots, dtype=np.int64)
-        parents = np.asarray(layout.node_parents, dtype=np.int64)
+        depths, slots, parents = layout.node_depths, layout.node_slots, layout.node_parents
         # Each node's index in the flat source: the root; a candidate of its parent's own row, or of
         # its depth's position row; past the candidate rows, the window's draft (slot 0 only).
         owner_row = owners[np.maximum(parents, 0)]

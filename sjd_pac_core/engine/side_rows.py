@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ..sampling.tree import Path, TreeLayout
@@ -61,7 +62,7 @@ class PastNodes:
         """The nodes of a pass that started at `start` (its root at start - 1) holding the token
         of image `position`, with chains of up to `length` nodes; None if it fed none."""
         depth = position - start + 1
-        nodes = [u for u, d in enumerate(layout.node_depths) if d == depth]
+        nodes = np.flatnonzero(layout.node_depths == depth).tolist()
         if depth < 1 or not nodes:
             return None
         chains = [continuation_chain(layout, accepted, u, length) for u in nodes]

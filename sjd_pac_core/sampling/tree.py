@@ -164,7 +164,7 @@ class NodeChildrenIndex(abc.Sequence):
 
 @dataclass(frozen=True, eq=False)
 class TreeLayout:
-    """A tree's nodes as tensors and host tuples (`layout_of_nodes`; `tree_layout` keeps those
+    """A tree's nodes as tensors and host arrays (`layout_of_nodes`; `tree_layout` keeps those
     of fixed shapes). Compared and hashed by identity (it holds tensors): a PassShape is cached
     per layout."""
 
@@ -174,9 +174,11 @@ class TreeLayout:
     attend: torch.Tensor  # bool [S, S]: node i may attend to node j (j is i or an ancestor)
     children: Sequence[Tuple[int, ...]]  # per node, its children's node indices by slot
     main_nodes: Tuple[int, ...]  # the main branch (slot 0 at every depth), root first
-    node_depths: Tuple[int, ...]  # parents, depths and slots as host ints (for host-side bookkeeping)
-    node_slots: Tuple[int, ...]
-    node_parents: Tuple[int, ...]
+    # parents, depths and slots on the host: read-only int64 arrays [S] (on the CPU, the tensors'
+    # own memory), which the pass's layout is built from without a round trip through Python ints
+    node_depths: np.ndarray
+    node_slots: np.ndarray
+    node_parents: np.ndarray
     given_shape: Optional[TreeShape] = None  # the shape it was laid out from, if any
 
     @cached_property
@@ -185,7 +187,7 @@ class TreeLayout:
         if self.given_shape is not None:
             return self.given_shape
         paths: list = [()]
-        for parent, slot in zip(self.node_parents[1:], self.node_slots[1:]):
+        for parent, slot in zip(self.node_parents[1:].tolist(), self.node_slots[1:].tolist()):
             paths.append(paths[parent] + (slot,))
         return TreeShape(tuple(paths[1:]))
 
@@ -205,7 +207,7 @@ class TreeLayout:
     def ancestors_path(self, node: int) -> list:
         """Nodes from the root's first child down to `node` (root excluded)."""
         path = []
-        parents = self.node_parents
+        parents = self.node_parents.tolist()
         while node > 0:
             path.append(node)
             node = parents[node]
@@ -235,19 +237,21 @@ def layout_of_nodes(parents: np.ndarray, slots: np.ndarray, shape: Optional[Tree
     """The layout of a tree given as arrays over its nodes, root first (parents[0] = -1, every
     parent before its children; slots[u]: node u's candidate slot), in whole-array steps: a
     budget's tree is new nearly every pass. `shape`: its slot paths, if known."""
-    parents = np.asarray(parents, dtype=np.int64)
-    slots = np.asarray(slots, dtype=np.int64)
+    parents = np.array(parents, dtype=np.int64)  # its own copies: the layout keeps them read-only
+    slots = np.array(slots, dtype=np.int64)
     attend = ancestor_mask(parents)
     depths = attend.sum(1, dtype=np.int64) - 1
     # the main branch: the nodes with no slot other than 0 on their way from the root
     on_main = np.flatnonzero(~(attend & (slots > 0)).any(1))
     main = on_main[np.argsort(depths[on_main], kind="stable")]
-    return TreeLayout(
+    layout = TreeLayout(
         parents=torch.from_numpy(parents), depths=torch.from_numpy(depths), candidate_index=torch.from_numpy(slots),
         attend=torch.from_numpy(attend), children=NodeChildrenIndex(parents, slots), main_nodes=tuple(main.tolist()),
-        node_depths=tuple(depths.tolist()), node_slots=tuple(slots.tolist()), node_parents=tuple(parents.tolist()),
-        given_shape=shape,
+        node_depths=depths, node_slots=slots, node_parents=parents, given_shape=shape,
     )
+    for array in (parents, depths, slots):
+        array.flags.writeable = False
+    return layout
 
 
 def build_layout(shape: TreeShape) -> TreeLayout:

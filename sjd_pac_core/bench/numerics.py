@@ -30,7 +30,7 @@ from ..config import SamplerConfig
 from ..engine.loop import sample_tokens
 from ..models.image_model import ARImageModel, PromptEncoding
 from ..models.loader import load_model
-from ..sampling.recipe import SamplingRecipe, process
+from ..sampling.recipe import SamplingRecipe, processed_logits
 from ..sampling.verify import gumbel_noise
 from .baselines import causal_lm_of
 from .methods import MethodSpec
@@ -46,7 +46,8 @@ def _tokens(model: ARImageModel, encoding: PromptEncoding, config: SamplerConfig
 @torch.inference_mode()
 def gumbel_scores(model: ARImageModel, encoding: PromptEncoding, tokens: torch.Tensor, config: SamplerConfig,
                   seed: int) -> torch.Tensor:
-    """log p_t + G_t [N, V] at every image position, teacher-forced on `tokens` in one forward per
+    """log p_t + G_t [N, V] at every image position, less a constant per row (the processed
+    logits, as the rule's target takes them), teacher-forced on `tokens` in one forward per
     prompt row: the quantity whose argmax the gumbel rule commits."""
     lm, token_space = causal_lm_of(model)
     model_tokens = tokens if token_space is None else token_space.cpu()[tokens]
@@ -59,8 +60,8 @@ def gumbel_scores(model: ARImageModel, encoding: PromptEncoding, tokens: torch.T
     n = tokens.numel()
     positions = torch.arange(n, device=model.device)
     recipe = SamplingRecipe(config.cfg_scale, config.temperature, config.top_k, config.top_p)
-    p = process(torch.stack(logits), positions, recipe, encoding.constraints.to(model.device))
-    return (torch.log(p) + gumbel_noise(seed, positions, p.shape[-1])).float().cpu()
+    processed = processed_logits(torch.stack(logits), positions, recipe, encoding.constraints.to(model.device))
+    return (processed + gumbel_noise(seed, positions, processed.shape[-1])).float().cpu()
 
 
 def _first_difference(a: torch.Tensor, b: torch.Tensor) -> Optional[int]:

@@ -91,6 +91,28 @@ def test_the_window_law_has_not_seen_neighbours_it_never_learned():
     assert seen.tolist() == [True, False]  # token 2 left of position 2; draft 1 left of 3: never seen
 
 
+def test_the_window_log_law_is_the_window_law_before_it_is_restricted_and_normalised():
+    # What the Gumbel rule's candidates rank (Drafter.candidates_from_law): the logs, restricted
+    # to the allowed tokens, normalise to the window law, so they rank its tokens as it does.
+    generator = torch.Generator().manual_seed(3)
+    committed = torch.tensor([0, 1, 2, 3, 1, 0, 0, 0, 0])
+    laws = NeighbourLaws(V, ROW, torch.device("cpu"))
+    for _ in range(6):  # passes of three nodes each, random p's behind random tokens
+        laws.add(torch.randint(0, V, (3,), generator=generator), torch.tensor([4, 5, 6]),
+                 torch.softmax(torch.randn(3, V, generator=generator), -1), committed, 5)
+    drafts, rows = torch.tensor([2, 0, 3, 1]), 4
+    allowed = torch.ones(rows, V, dtype=torch.bool)
+    allowed[1, 2] = allowed[3, 0] = False
+    q, seen = laws.window_law(5, drafts, committed, allowed)
+    log_law, log_seen = laws.window_log_law(5, drafts, committed, rows)
+    restricted = log_law.masked_fill(~allowed, float("-inf"))
+    assert torch.equal(seen, log_seen) and bool(seen.all())
+    assert torch.allclose(torch.softmax(restricted, -1), q, atol=1e-6)
+    assert torch.equal(restricted.argsort(dim=-1, descending=True, stable=True), q.argsort(dim=-1, descending=True, stable=True))
+    # Control: logs off by a factor (not a constant) would not normalise to the law.
+    assert not torch.allclose(torch.softmax(2.0 * restricted, -1), q, atol=1e-3)
+
+
 def test_compact_rows_that_keep_every_entry_equal_dense_rows():
     generator = torch.Generator().manual_seed(0)
     dense, compact = DenseRows(6, torch.device("cpu")), TopRows(6, 6, torch.device("cpu"))

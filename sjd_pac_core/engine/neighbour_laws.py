@@ -164,22 +164,26 @@ class NeighbourLaws:
         the log of window_law's q where allowed), and seen [R]. What only needs the law's order
         (a Gumbel ranking) reads this and skips the normalisation."""
         line = torch.cat([committed[start - 1 : start], drafts[: rows - 1]])  # the token to the left
-        mean_log = self._log_law(self.left_sum, self.left_count, line)
-        experts = (self.left_count[line] > 0).to(mean_log.dtype)
+        mean_log, seen = self._log_law(self.left_sum, self.left_count, line)
+        experts = seen.to(mean_log.dtype)
         if self.above_sum is not None:
             up = torch.arange(start, start + rows, device=line.device) - self.row_length
             from_drafts = (up - start).clamp(min=0, max=max(0, drafts.shape[0] - 1))
             above = torch.where(up < start, committed[up.clamp(min=0)], drafts[from_drafts] if drafts.shape[0] else 0)
-            has = (up >= 0) & (self.above_count[above] > 0)
-            mean_log = mean_log + self._log_law(self.above_sum, self.above_count, above) * has.unsqueeze(1)
+            above_log, seen = self._log_law(self.above_sum, self.above_count, above)
+            has = seen & (up >= 0).unsqueeze(1)
+            mean_log = mean_log + above_log * has
             experts = experts + has.to(mean_log.dtype)
-        return mean_log / experts.clamp(min=1.0).unsqueeze(1), experts > 0
+        return mean_log / experts.clamp(min=1.0), (experts > 0).squeeze(1)
 
     @staticmethod
-    def _log_law(sums: Union[DenseRows, TopRows], counts: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """[R, V]: log of the average p behind each token (0 where it was never seen)."""
+    def _log_law(sums: Union[DenseRows, TopRows], counts: torch.Tensor,
+                 tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """[R, V]: log of the average p behind each token (0 where it was never seen), and bool
+        [R, 1]: whether it was seen."""
         count = counts[tokens].unsqueeze(1)
-        return torch.log((sums.read(tokens) / count.clamp(min=1.0)).clamp(min=FLOOR)) * (count > 0)
+        seen = count > 0
+        return torch.log((sums.read(tokens) / count.clamp(min=1.0)).clamp(min=FLOOR)) * seen, seen
 
 
 def make_laws(vocab: int, row_length: int, device: torch.device) -> Optional[NeighbourLaws]:

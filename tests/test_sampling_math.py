@@ -460,6 +460,12 @@ def test_tree_layout_widths_and_chain():
     assert list(layout.main_nodes) == [0, 1, 3, 7, 8]
     assert (layout.depths == 2).nonzero().flatten().tolist()[:4] == [3, 4, 5, 6]
     assert layout.children[1] == (3, 4) and layout.children[2] == (5, 6) and layout.children[3] == (7,)
+    # The walk's accessors agree with the tuples, leaves included.
+    for node in range(layout.num_nodes):
+        kids = layout.children[node]
+        assert layout.children.count(node) == len(kids)
+        assert [layout.children.child(node, slot) for slot in range(len(kids))] == list(kids)
+    assert layout.children.count(8) == 0 and layout.children.count(0) == 2
     # node 6 (level 2, child 1 of node 2) sees the root, node 2 and itself only.
     assert layout.attend[6].nonzero().flatten().tolist() == [0, 2, 6]
     assert layout.attend[8].nonzero().flatten().tolist() == [0, 1, 3, 7, 8]

@@ -435,7 +435,7 @@ class BudgetDrafter(PACDrafter):
         deviation = -1
         branch = report.outcome.branch
         for pos, node in enumerate((0,) + report.outcome.path_nodes):  # the path: a few dozen nodes
-            width = len(layout.children[node])
+            width = layout.children.count(node)
             if not width or pos >= len(self.classes):
                 break
             cls = path_class(self.classes, branch[:pos] + (0,), deviation, self.side_rows)  # of node's children

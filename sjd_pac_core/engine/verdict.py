@@ -70,10 +70,10 @@ def walk(layout: TreeLayout, decisions: Decisions, last_depth: int) -> PassOutco
     node = 0
     while accepted[node] >= 0:  # at most the tree's depth steps
         branch.append(accepted[node])
-        node = children[node][accepted[node]]
+        node = children.child(node, accepted[node])
         path.append(node)
     final = node if len(path) < last_depth else None
-    return PassOutcome(tuple(path), len(path), final, bool(children[node]), tuple(branch))
+    return PassOutcome(tuple(path), len(path), final, children.count(node) > 0, tuple(branch))
 
 
 @dataclass(frozen=True)
@@ -103,10 +103,8 @@ def continuation(layout: TreeLayout, decisions: Decisions, outcome: PassOutcome,
     limit = min(last_depth, len(main) - 1)  # the drafts the window held; the image's end
 
     def after(node: int, depth: int) -> Optional[int]:
-        kids = children[node]
-        if kids:
-            slot = accepted[node]
-            return kids[slot] if slot >= 0 else kids[0]
+        if children.count(node):
+            return children.child(node, max(accepted[node], 0))
         return main[depth] if depth < len(main) else None
 
     nodes: List[int] = []

@@ -161,6 +161,16 @@ class NodeChildrenIndex(abc.Sequence):
         node %= len(self)
         return tuple(self.order[self.bounds[node] : self.bounds[node + 1]])
 
+    # The walk of a pass reads a few dozen nodes' children: these two build no tuple and check
+    # no bounds (node in range, slot below its count).
+    def count(self, node: int) -> int:
+        """How many children `node` has."""
+        return self.bounds[node + 1] - self.bounds[node]
+
+    def child(self, node: int, slot: int) -> int:
+        """The node at `slot` among `node`'s children."""
+        return self.order[self.bounds[node] + slot]
+
 
 @dataclass(frozen=True, eq=False)
 class TreeLayout:
@@ -172,7 +182,7 @@ class TreeLayout:
     depths: torch.Tensor  # long [S]; root 0
     candidate_index: torch.Tensor  # long [S]: the node's slot in its position's draw (0 for the root)
     attend: torch.Tensor  # bool [S, S]: node i may attend to node j (j is i or an ancestor)
-    children: Sequence[Tuple[int, ...]]  # per node, its children's node indices by slot
+    children: NodeChildrenIndex  # per node, its children's node indices by slot
     main_nodes: Tuple[int, ...]  # the main branch (slot 0 at every depth), root first
     # parents, depths and slots on the host: read-only int64 arrays [S] (on the CPU, the tensors'
     # own memory), which the pass's layout is built from without a round trip through Python ints

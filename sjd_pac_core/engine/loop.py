@@ -154,9 +154,11 @@ class PassShape:
 
         # a node's children were drawn from its depth's window q, or from its own row's
         q_rows = np.where(owners >= 0, window + owners, np.minimum(depths, max(window - 1, 0)))
-        attend = torch.zeros(envelope, envelope, dtype=torch.bool)
-        attend[:s, :s] = layout.attend
-        attend.diagonal()[s:] = True  # padding sees only itself
+        attend = layout.attend
+        if pad:  # a budget's tree usually fills its pass: then its own mask is the pass's
+            attend = torch.zeros(envelope, envelope, dtype=torch.bool)
+            attend[:s, :s] = layout.attend
+            attend.diagonal()[s:] = True  # padding sees only itself
         # the index tensors in one host -> device copy (a budget's pass builds them every pass)
         padded_depths, token_source, child_source, q_rows, single, multi, leaves = arrays_to_device(
             [np.concatenate([depths, np.zeros(pad, dtype=np.int64)]),

@@ -624,7 +624,7 @@ def test_law_candidates_from_compact_rows_match_the_markov_marginals(monkeypatch
     made = _compact_law_rows(monkeypatch)
     changed = _law_candidate_rows(monkeypatch)
     p_value, worst, _ = _markov_check(MIXTURE_CASES["budget_48_cfg"].with_(verify="rejection"), 1500, row_length=3)
-    assert made and all(isinstance(laws.left_sum, TopRows) and laws.left_sum.kept == 3 for laws in made)
+    assert made and all(isinstance(laws.sums, TopRows) and laws.sums.kept == 3 for laws in made)
     assert sum(changed) > 0.5 * len(changed) > 0, "the law's candidates were not used"
     assert p_value > P_VALUE_MIN, f"p = {p_value:.2e} at {worst}"
 

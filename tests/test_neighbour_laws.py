@@ -46,7 +46,7 @@ def test_only_final_tokens_above_and_positions_inside_the_image_count():
     laws = laws_after([1, 1], [5, 9], [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]], committed, 2)
     assert float(laws.above_count[:V].sum()) == 0.0  # (row V: what does not count, never read)
     assert torch.equal(laws.left_count[:V], torch.tensor([0.0, 1.0, 0.0, 0.0]))  # the p for position 9 is not kept
-    assert torch.allclose(laws.left_sum.read(torch.tensor([1]))[0], torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    assert torch.allclose(laws.sums.read(torch.tensor([1]))[0], torch.tensor([0.0, 1.0, 0.0, 0.0]))
 
 
 def test_the_law_keeps_to_the_allowed_tokens_and_knows_when_it_has_seen_nothing():
@@ -83,6 +83,21 @@ def test_the_window_law_reads_each_positions_neighbours_from_the_committed_token
     laws.add(torch.tensor([1]), torch.tensor([5]), torch.tensor([[0.0, 0.0, 0.0, 1.0]]), committed, 4)
     q, _ = laws.window_law(4, drafts, committed, torch.ones(4, V, dtype=torch.bool))
     assert float(q[3, 3]) > 0.99
+
+
+def test_near_the_images_top_a_position_with_no_row_above_has_only_its_left_law():
+    # row 3; the window starts at position 2, whose token above would be at position -1
+    committed = torch.tensor([1, 2, 0, 0, 0, 0, 0, 0])
+    left_of_2, below_1 = [0.1, 0.2, 0.3, 0.4], [0.97, 0.01, 0.01, 0.01]
+    laws = NeighbourLaws(V, ROW, torch.device("cpu"))
+    laws.add(torch.tensor([2]), torch.tensor([7]), torch.tensor([left_of_2]), committed, 2)  # nothing final above 7
+    laws.add(torch.tensor([0]), torch.tensor([3]), torch.tensor([below_1]), committed, 2)  # below position 0's token 1
+    q, seen = laws.window_law(2, torch.tensor([3, 1]), committed, torch.ones(2, V, dtype=torch.bool))
+    assert seen.tolist() == [True, True]
+    # position 2: the left law of token 2 alone (reading position 0's token there would mix in below_1)
+    assert torch.allclose(q[0], torch.tensor(left_of_2), atol=1e-6)
+    # position 3: its left neighbour is the draft 3 (never learned), its token above is 1
+    assert torch.allclose(q[1], torch.tensor(below_1), atol=1e-6)
 
 
 def test_the_window_law_has_not_seen_neighbours_it_never_learned():
@@ -223,9 +238,8 @@ def test_the_families_image_codes_get_compact_rows_the_memory_plan_counts_and_a_
     for codes in (8194, 16384, 32772):  # Lumina-mGPT's, Janus-Pro's and Emu3's sampled tokens
         assert law_row_entries(codes) == memory.LAW_MAX_KEPT
         laws = make_laws(codes, 48, torch.device("cpu"))
-        assert isinstance(laws.left_sum, TopRows) and laws.left_sum.kept == memory.LAW_MAX_KEPT
-        allocated = sum(t.numel() * t.element_size() for table in (laws.left_sum, laws.above_sum)
-                        for t in (table.ids, table.sums))
+        assert isinstance(laws.sums, TopRows) and laws.sums.kept == memory.LAW_MAX_KEPT
+        allocated = sum(t.numel() * t.element_size() for t in (laws.sums.ids, laws.sums.sums))
         assert allocated == law_table_bytes(codes) <= memory.LAW_COMPACT_MAX_BYTES
     assert law_row_entries(184622) == 15  # a whole text vocabulary: fewer sums a row
     monkeypatch.setattr(memory, "LAW_DENSE_MAX_BYTES", 0)

@@ -14,11 +14,13 @@ The laws are built only from passes already verified and read before the pass th
 draft drawn from them, so verification stays exact under both rules. `engine/mixture.py` blends
 the law into the first draft at the weight the run's own passes score best.
 
-Two tables of summed p's, one row per token, and their counts, sized by the memory plan
-(`models.memory.law_row_entries`). Where two [V + 1, V] tables fit (the demo model's 567 tokens take
-2.6 MB) the rows are dense (`DenseRows`). A 7B family's image codes (8,194 to 32,772 tokens:
-gigabytes dense) keep in each row only its 64 largest sums (`TopRows`: 13-50 MB): the tokens a
-law gives almost nothing to are the ones it would not propose anyway.
+Summed p's, one row per (expert, token), and their counts, sized by the memory plan
+(`models.memory.law_row_entries`): the two experts' rows are blocks of one table (the left
+expert's V + 1 rows, then the above expert's), so one read serves both. Where the [2 (V + 1), V]
+table fits (the demo model's 567 tokens take 2.6 MB) the rows are dense (`DenseRows`). A 7B
+family's image codes (8,194 to 32,772 tokens: gigabytes dense) keep in each row only its 64
+largest sums (`TopRows`: 13-50 MB): the tokens a law gives almost nothing to are the ones it
+would not propose anyway.
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ def run_starts(ordered: torch.Tensor) -> torch.Tensor:
 
 
 class DenseRows:
-    """Summed p's per token, every entry kept: [V + 1, V] floats (row V takes the p's that do
-    not count, and is never read)."""
+    """Summed p's per row, every entry kept: [rows, V] floats (default V + 1 rows; a row that
+    takes the p's that do not count is never read)."""
 
-    def __init__(self, vocab: int, device: torch.device) -> None:
-        self.sums = torch.zeros(vocab + 1, vocab, device=device)
+    def __init__(self, vocab: int, device: torch.device, rows: Optional[int] = None) -> None:
+        self.sums = torch.zeros(vocab + 1 if rows is None else rows, vocab, device=device)
 
     def add(self, rows: torch.Tensor, p: torch.Tensor) -> None:
         """Add p[i] [V] to row rows[i] (rows may repeat)."""
@@ -56,15 +58,16 @@ class DenseRows:
 
 
 class TopRows:
-    """Summed p's per token, each row keeping its `kept` largest entries: ids long [V + 1, kept]
-    and sums [V + 1, kept] (row V takes the entries a merge drops, and the p's that do not
-    count; it is never read). Merging is fixed-shape tensor
-    work (a sort, segment sums, a rank within each row): no host sync, no loop."""
+    """Summed p's per row, each row keeping its `kept` largest entries: ids long [rows, kept]
+    and sums [rows, kept] (default V + 1 rows; row V takes the entries a merge drops, and like
+    any row that takes the p's that do not count, it is never read). Merging is fixed-shape
+    tensor work (a sort, segment sums, a rank within each row): no host sync, no loop."""
 
-    def __init__(self, vocab: int, kept: int, device: torch.device) -> None:
+    def __init__(self, vocab: int, kept: int, device: torch.device, rows: Optional[int] = None) -> None:
         self.vocab, self.kept = vocab, kept
-        self.ids = torch.zeros(vocab + 1, kept, dtype=torch.long, device=device)
-        self.sums = torch.zeros(vocab + 1, kept, device=device)
+        rows = vocab + 1 if rows is None else rows
+        self.ids = torch.zeros(rows, kept, dtype=torch.long, device=device)
+        self.sums = torch.zeros(rows, kept, device=device)
 
     def add(self, rows: torch.Tensor, p: torch.Tensor) -> None:
         """Add p[i] [V] to row rows[i] (rows may repeat), then keep each row's largest sums."""
@@ -107,20 +110,32 @@ class TopRows:
 
 class NeighbourLaws:
     """Average p behind each token (the token to the left) and below each token (the token
-    `row_length` positions back, with a grid), from every node of the passes verified so far."""
+    `row_length` positions back, with a grid), from every node of the passes verified so far.
+
+    One table holds both experts: row t is the left law of token t, row (V + 1) + t the law
+    below token t. Row V of each block takes what does not count (its count stays 0, so it is
+    never seen): the p's of positions past the image or without a final token above, and the
+    neighbours of positions before the image."""
 
     def __init__(self, vocab: int, row_length: int, device: torch.device, kept: Optional[int] = None) -> None:
         """kept: the sums a row keeps (None or >= vocab: every one, dense rows)."""
-        def table() -> Union[DenseRows, TopRows]:
-            return DenseRows(vocab, device) if kept is None or kept >= vocab else TopRows(vocab, kept, device)
         self.vocab = vocab
         self.row_length = row_length
-        # the tables and counts have a row V more: a p that does not count goes there, so that no
-        # pass multiplies its [S, V] p's by a mask; row V is never read
-        self.left_sum = table()
-        self.left_count = torch.zeros(vocab + 1, device=device)
-        self.above_sum = table() if row_length else None
-        self.above_count = torch.zeros(vocab + 1, device=device) if row_length else None
+        self.experts = 2 if row_length else 1
+        rows = self.experts * (vocab + 1)
+        self.sums = (DenseRows(vocab, device, rows) if kept is None or kept >= vocab
+                     else TopRows(vocab, kept, device, rows))
+        self.counts = torch.zeros(rows, device=device)
+
+    @property
+    def left_count(self) -> torch.Tensor:
+        """[V + 1]: how many p's each token's left law holds (a view)."""
+        return self.counts[: self.vocab + 1]
+
+    @property
+    def above_count(self) -> Optional[torch.Tensor]:
+        """[V + 1]: how many p's the law below each token holds (a view; None without a grid)."""
+        return self.counts[self.vocab + 1 :] if self.row_length else None
 
     def add(self, tokens: torch.Tensor, positions: torch.Tensor, p: torch.Tensor, committed: torch.Tensor,
             num_committed: int) -> None:
@@ -129,15 +144,15 @@ class NeighbourLaws:
         num_tokens = committed.shape[0]
         inside = positions < num_tokens  # a pass near the end feeds past the image
         left = torch.where(inside, tokens, self.vocab)
-        self.left_sum.add(left, p)
-        self.left_count.index_add_(0, left, inside.to(p.dtype))
-        if self.above_sum is None:
+        self.sums.add(left, p)
+        self.counts.index_add_(0, left, inside.to(p.dtype))
+        if not self.row_length:
             return
         up = positions - self.row_length
         known = (up >= 0) & (up < num_committed) & inside  # the token above is final
-        above = torch.where(known, committed.index_select(0, up.clamp(0, num_tokens - 1)), self.vocab)
-        self.above_sum.add(above, p)
-        self.above_count.index_add_(0, above, known.to(p.dtype))
+        above = torch.where(known, committed.index_select(0, up.clamp(0, num_tokens - 1)), self.vocab) + (self.vocab + 1)
+        self.sums.add(above, p)
+        self.counts.index_add_(0, above, known.to(p.dtype))
 
     def law(self, position: int, committed: torch.Tensor, allowed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The proposal for image `position` (>= 1) from the committed tokens to its left and above,
@@ -162,28 +177,32 @@ class NeighbourLaws:
         """`window_law` as logs, before it is restricted and normalised: [R, V], each row the
         mean of its experts' log laws (finite, at least log FLOOR; a row's constant apart from
         the log of window_law's q where allowed), and seen [R]. What only needs the law's order
-        (a Gumbel ranking) reads this and skips the normalisation."""
-        line = torch.cat([committed[start - 1 : start], drafts[: rows - 1]])  # the token to the left
-        mean_log, seen = self._log_law(self.left_sum, self.left_count, line)
-        experts = seen.to(mean_log.dtype)
-        if self.above_sum is not None:
-            up = torch.arange(start, start + rows, device=line.device) - self.row_length
-            from_drafts = (up - start).clamp(min=0, max=max(0, drafts.shape[0] - 1))
-            above = torch.where(up < start, committed[up.clamp(min=0)], drafts[from_drafts] if drafts.shape[0] else 0)
-            above_log, seen = self._log_law(self.above_sum, self.above_count, above)
-            has = seen & (up >= 0).unsqueeze(1)
-            mean_log = mean_log + above_log * has
-            experts = experts + has.to(mean_log.dtype)
-        return mean_log / experts.clamp(min=1.0), (experts > 0).squeeze(1)
+        (a Gumbel ranking) reads this and skips the normalisation. Both experts' rows in one
+        read: the neighbours of the R positions are two slices of one line of tokens."""
+        back = self.row_length or 1  # the furthest neighbour back: the token above, else the left one
+        first = start - back  # the line's first position
+        pieces = [committed[max(first, 0) : start], drafts[: rows - 1]]
+        if first < 0:  # neighbours before the image: a block's row V, never seen
+            pieces.insert(0, committed.new_full((-first,), self.vocab))
+        line = torch.cat(pieces)  # line[i]: the token of position first + i
+        index = line[back - 1 : back - 1 + rows]  # the left neighbours
+        if self.row_length:
+            index = torch.cat([index, line[:rows] + (self.vocab + 1)])  # and the tokens above
+        log_law, seen = self._log_law(self.sums, self.counts, index)
+        if not self.row_length:
+            return log_law, seen.squeeze(1)
+        seen = seen.to(log_law.dtype)
+        experts = seen[:rows] + seen[rows:]
+        return (log_law[:rows] + log_law[rows:]) / experts.clamp(min=1.0), (experts > 0).squeeze(1)
 
     @staticmethod
     def _log_law(sums: Union[DenseRows, TopRows], counts: torch.Tensor,
-                 tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """[R, V]: log of the average p behind each token (0 where it was never seen), and bool
+                 rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """[R, V]: log of the average p of each table row (0 where it was never seen), and bool
         [R, 1]: whether it was seen."""
-        count = counts[tokens].unsqueeze(1)
+        count = counts[rows].unsqueeze(1)
         seen = count > 0
-        return torch.log((sums.read(tokens) / count.clamp(min=1.0)).clamp(min=FLOOR)) * seen, seen
+        return torch.log((sums.read(rows) / count.clamp(min=1.0)).clamp(min=FLOOR)) * seen, seen
 
 
 def make_laws(vocab: int, row_length: int, device: torch.device) -> Optional[NeighbourLaws]:

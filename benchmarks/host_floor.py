@@ -1,0 +1,162 @@
+"""The floor of a budget pass's host work, next to the host work plain AR and the budget drafter
+take in the same process (a timing benchmark).
+
+    python benchmarks/host_floor.py --budget 128          # the demo model, one thread
+
+Under the gumbel rule, every pass of the budget drafter must at least guide and temper its rows'
+logits, take their softmax (the neighbour law learns the p's), find each row's Gumbel target, add
+the p's to the law, read the law at the positions that get candidates and rank the candidates
+there. This runs exactly those steps, with the library's own functions, at the shapes of the run
+(its rows, vocabulary, candidate rows and width), warm and right after reading a buffer as large
+as the model's weights (as a forward pass does, which leaves the CPU's caches cold), and prints
+them beside the median host work per pass (wall time less forward time) of plain AR and of the
+budget, measured in turn in the same process. What the floor leaves out (the tree's choice, the
+pass's layout, the walk, the first draft's mixture, the bookkeeping) is the difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import sjd_pac_core as sp  # noqa: E402
+from sjd_pac_core.bench.baselines import causal_lm_of  # noqa: E402
+from sjd_pac_core.bench.runner import load_prompts  # noqa: E402
+from sjd_pac_core.engine import drafters  # noqa: E402
+from sjd_pac_core.engine.neighbour_laws import NeighbourLaws  # noqa: E402
+from sjd_pac_core.sampling.constraint_table import ConstraintTable  # noqa: E402
+from sjd_pac_core.sampling.recipe import SamplingRecipe, processed_logits  # noqa: E402
+from sjd_pac_core.sampling.rules import make_rule  # noqa: E402
+
+
+@contextlib.contextmanager
+def candidate_rows() -> Iterator[List[tuple]]:
+    """(rows, width) of every candidate draw the drafters make meanwhile (their one seam for it)."""
+    seen: List[tuple] = []
+    original = drafters.Drafter.candidates_from_law
+
+    def recording(ctx, laws, window, start, rows, width):
+        seen.append((rows, width))
+        return original(ctx, laws, window, start, rows, width)
+
+    drafters.Drafter.candidates_from_law = staticmethod(recording)
+    try:
+        yield seen
+    finally:
+        drafters.Drafter.candidates_from_law = staticmethod(original)
+
+
+def host_work(model, prompts: List[str], seeds: List[int], configs: Dict[str, object]) -> Dict[str, List[float]]:
+    """Per configuration, every pass's wall time less its forward (ms), the configurations run in
+    turn per (prompt, seed) after one warm-up run each."""
+    for config in configs.values():
+        sp.generate_image(model, prompts[0], config, seed=seeds[0])
+    host: Dict[str, List[float]] = {name: [] for name in configs}
+    for prompt in prompts:
+        for seed in seeds:
+            for name, config in configs.items():
+                stats = sp.generate_image(model, prompt, config, seed=seed).stats
+                host[name] += [1e3 * (r.wall_time - r.forward_time) for r in stats.records if r.envelope]
+    return host
+
+
+def floor_step(model, config, rows: int, candidates: int, width: int, seed: int = 0) -> Callable[[], None]:
+    """One pass's unavoidable tensor work under the gumbel rule at the run's shapes, as a call."""
+    encoding = model.encode_prompt("a red circle")
+    constraints = ConstraintTable(encoding.constraints, torch.device("cpu"))
+    vocab, num_tokens = constraints.vocab_size, constraints.num_tokens
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2 if config.uses_cfg else 1, rows, vocab, generator=generator)
+    start = num_tokens // 4
+    positions = torch.arange(start, start + rows).clamp(max=num_tokens - 1)
+    committed = torch.randint(0, vocab, (num_tokens,), generator=generator)
+    tokens = torch.randint(0, vocab, (rows,), generator=generator)
+    drafts = torch.randint(0, vocab, (candidates,), generator=generator)
+    recipe = SamplingRecipe(config.cfg_scale, config.temperature, config.top_k, config.top_p)
+    rule = make_rule("gumbel", seed, vocab, torch.device("cpu"), num_tokens=num_tokens, span=rows + 2)
+    rule.prepare(start)
+    laws = NeighbourLaws(vocab, encoding.layout.row_length, torch.device("cpu"))
+
+    def step() -> None:
+        processed = processed_logits(logits, positions, recipe, constraints)
+        p = torch.softmax(processed, dim=-1)
+        rule.target(p, processed, positions)
+        laws.add(tokens, positions, p, committed, start)
+        log_law, _ = laws.window_log_law(start, drafts, committed, candidates)
+        rule.candidates_beside_of_logs(log_law, drafts, width, positions[:candidates])
+
+    return step
+
+
+def timed(step: Callable[[], None], reps: int, flush: Callable[[], object] = lambda: None) -> float:
+    """The median thread time of `step` (ms) over `reps` calls, each after `flush`."""
+    for _ in range(max(2, reps // 10)):
+        step()
+    times = []
+    for _ in range(reps):
+        flush()
+        begin = time.thread_time()
+        step()
+        times.append(time.thread_time() - begin)
+    return 1e3 * statistics.median(times)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="demo")
+    parser.add_argument("--budget", type=int, default=128, help="nodes per pass (default 128)")
+    parser.add_argument("--prompts", type=int, default=2, help="the first N prompts of the demo set (default 2)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--reps", type=int, default=300, help="timed calls of the floor (default 300)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--out", help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    if args.budget < 1 or args.reps < 1 or args.prompts < 1:
+        parser.error("--budget, --reps and --prompts must be at least 1")
+    torch.set_num_threads(args.threads)
+    model = sp.load_model(args.model, device="cpu")
+    defaults = model.defaults.sampler_config()
+    budget = defaults.with_(method="sjd_pac", verify="gumbel", window="auto", node_budget=args.budget)
+    configs = {"AR": defaults.with_(method="ar", verify="gumbel"), f"B={args.budget}": budget}
+    with candidate_rows() as seen:
+        host = host_work(model, load_prompts("demo", args.prompts), args.seeds, configs)
+    candidates = int(statistics.median(r for r, _ in seen)) if seen else 1
+    width = int(statistics.median(w for _, w in seen)) if seen else 1
+    rows = 1 + args.budget
+    step = floor_step(model, budget, rows, candidates, width)
+    lm, _ = causal_lm_of(model)
+    weights = np.ones(sum(t.numel() * t.element_size() for t in lm.parameters()) // 8)
+    figures = {
+        "AR host work": statistics.median(host["AR"]),
+        f"B={args.budget} host work": statistics.median(host[f"B={args.budget}"]),
+        "floor, warm": timed(step, args.reps),
+        "floor, after a weights-sized read": timed(step, args.reps, weights.sum),
+    }
+    ar = figures["AR host work"]
+    print(f"{args.model} on cpu, torch threads {args.threads}, gumbel; B={args.budget}: {rows} rows a pass, "
+          f"{candidates} candidate rows of width {width} (the run's medians)")
+    print("| per pass | ms | x AR's host work |\n|---|---|---|")
+    for name, ms in figures.items():
+        print(f"| {name} | {ms:.3f} | {ms / ar:.2f}x |")
+    print(f"| 3 x AR's host work | {3 * ar:.3f} | 3.00x |")
+    result = dict(model=args.model, budget=args.budget, rows=rows, candidate_rows=candidates, width=width,
+                  threads=args.threads, ms_per_pass=figures)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""benchmarks/host_floor.py: the budget pass's unavoidable tensor work beside the host work per pass.
+
+No timing is asserted (speed comes from the benchmark command); what is checked: the command
+runs on the demo model, reads the run's candidate rows through the drafters' seam (and restores
+it), reports every row, and refuses impossible knobs before any work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from sjd_pac_core.engine import drafters
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _host_floor():
+    spec = importlib.util.spec_from_file_location("host_floor", ROOT / "benchmarks" / "host_floor.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_host_floor_reports_every_row_at_the_runs_shapes(tmp_path, capsys):
+    original = drafters.Drafter.candidates_from_law
+    result = _host_floor().main(["--budget", "16", "--prompts", "1", "--seeds", "0", "--reps", "3",
+                                 "--out", str(tmp_path / "floor.json")])
+    assert drafters.Drafter.candidates_from_law is original  # the seam is put back
+    assert result["rows"] == 17 and result["candidate_rows"] >= 1 and result["width"] >= 2
+    figures = result["ms_per_pass"]
+    assert set(figures) == {"AR host work", "B=16 host work", "floor, warm", "floor, after a weights-sized read"}
+    assert all(ms > 0 for ms in figures.values())
+    assert (tmp_path / "floor.json").is_file()
+    out = capsys.readouterr().out
+    assert "| B=16 host work |" in out and "| 3 x AR's host work |" in out
+
+
+def test_host_floor_refuses_an_empty_budget_before_any_work(capsys):
+    with pytest.raises(SystemExit):
+        _host_floor().main(["--budget", "0"])
+    assert "--budget, --reps and --prompts must be at least 1" in capsys.readouterr().err

@@ -10,8 +10,9 @@ there. This runs exactly those steps, with the library's own functions, at the s
 (its rows, vocabulary, candidate rows and width), warm and right after reading a buffer as large
 as the model's weights (as a forward pass does, which leaves the CPU's caches cold), and prints
 them beside the median host work per pass (wall time less forward time) of plain AR and of the
-budget, measured in turn in the same process. What the floor leaves out (the tree's choice, the
-pass's layout, the walk, the first draft's mixture, the bookkeeping) is the difference.
+budget, measured in turn in the same process; and the ranked tree's choice alone, on the inputs
+the run gave it. What the two leave out (the pass's layout, the walk, the first draft's mixture,
+the fresh drafts, the bookkeeping) is the difference.
 """
 
 from __future__ import annotations
@@ -42,20 +43,25 @@ from sjd_pac_core.sampling.rules import make_rule  # noqa: E402
 
 
 @contextlib.contextmanager
-def candidate_rows() -> Iterator[List[tuple]]:
-    """(rows, width) of every candidate draw the drafters make meanwhile (their one seam for it)."""
-    seen: List[tuple] = []
-    original = drafters.Drafter.candidates_from_law
+def recorded_drafting() -> Iterator[Dict[str, List[tuple]]]:
+    """What the budget drafter drafts from meanwhile: (rows, width) of every candidate draw, and
+    the arguments of every ranked tree it chooses (its two seams; both put back after)."""
+    seen: Dict[str, List[tuple]] = {"candidates": [], "trees": []}
+    original_candidates, original_tree = drafters.Drafter.candidates_from_law, drafters.ranked_tree
 
-    def recording(ctx, laws, window, start, rows, width):
-        seen.append((rows, width))
-        return original(ctx, laws, window, start, rows, width)
+    def candidates(ctx, laws, window, start, rows, width):
+        seen["candidates"].append((rows, width))
+        return original_candidates(ctx, laws, window, start, rows, width)
 
-    drafters.Drafter.candidates_from_law = staticmethod(recording)
+    def tree(*args, **kwargs):
+        seen["trees"].append((args, kwargs))
+        return original_tree(*args, **kwargs)
+
+    drafters.Drafter.candidates_from_law, drafters.ranked_tree = staticmethod(candidates), tree
     try:
         yield seen
     finally:
-        drafters.Drafter.candidates_from_law = staticmethod(original)
+        drafters.Drafter.candidates_from_law, drafters.ranked_tree = staticmethod(original_candidates), original_tree
 
 
 def host_work(model, prompts: List[str], seeds: List[int], configs: Dict[str, object]) -> Dict[str, List[float]]:
@@ -130,20 +136,30 @@ def main(argv=None) -> dict:
     defaults = model.defaults.sampler_config()
     budget = defaults.with_(method="sjd_pac", verify="gumbel", window="auto", node_budget=args.budget)
     configs = {"AR": defaults.with_(method="ar", verify="gumbel"), f"B={args.budget}": budget}
-    with candidate_rows() as seen:
+    with recorded_drafting() as seen:
         host = host_work(model, load_prompts("demo", args.prompts), args.seeds, configs)
-    candidates = int(statistics.median(r for r, _ in seen)) if seen else 1
-    width = int(statistics.median(w for _, w in seen)) if seen else 1
+    draws, trees = seen["candidates"], seen["trees"]
+    candidates = int(statistics.median(r for r, _ in draws)) if draws else 1
+    width = int(statistics.median(w for _, w in draws)) if draws else 1
     rows = 1 + args.budget
     step = floor_step(model, budget, rows, candidates, width)
     lm, _ = causal_lm_of(model)
     weights = np.ones(sum(t.numel() * t.element_size() for t in lm.parameters()) // 8)
+    tree_calls = iter(trees * (1 + 2 * args.reps // max(len(trees), 1)))
+
+    def choose_tree() -> None:  # the run's own trees, one after another
+        tree_args, tree_kwargs = next(tree_calls)
+        drafters.ranked_tree(*tree_args, **tree_kwargs)
+
     figures = {
         "AR host work": statistics.median(host["AR"]),
         f"B={args.budget} host work": statistics.median(host[f"B={args.budget}"]),
         "floor, warm": timed(step, args.reps),
         "floor, after a weights-sized read": timed(step, args.reps, weights.sum),
     }
+    if trees:  # the tree's choice alone, on the inputs the run gave it
+        figures["the ranked tree's choice, warm"] = timed(choose_tree, args.reps)
+        figures["the ranked tree's choice, after a weights-sized read"] = timed(choose_tree, args.reps, weights.sum)
     ar = figures["AR host work"]
     print(f"{args.model} on cpu, torch threads {args.threads}, gumbel; B={args.budget}: {rows} rows a pass, "
           f"{candidates} candidate rows of width {width} (the run's medians)")

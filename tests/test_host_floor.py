@@ -1,8 +1,8 @@
 """benchmarks/host_floor.py: the budget pass's unavoidable tensor work beside the host work per pass.
 
 No timing is asserted (speed comes from the benchmark command); what is checked: the command
-runs on the demo model, reads the run's candidate rows through the drafters' seam (and restores
-it), reports every row, and refuses impossible knobs before any work.
+runs on the demo model, reads the run's candidate rows and trees through the drafters' seams (and
+puts them back), reports every row, and refuses impossible knobs before any work.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ def _host_floor():
 
 
 def test_host_floor_reports_every_row_at_the_runs_shapes(tmp_path, capsys):
-    original = drafters.Drafter.candidates_from_law
+    original = drafters.Drafter.candidates_from_law, drafters.ranked_tree
     result = _host_floor().main(["--budget", "16", "--prompts", "1", "--seeds", "0", "--reps", "3",
                                  "--out", str(tmp_path / "floor.json")])
-    assert drafters.Drafter.candidates_from_law is original  # the seam is put back
+    assert (drafters.Drafter.candidates_from_law, drafters.ranked_tree) == original  # the seams are put back
     assert result["rows"] == 17 and result["candidate_rows"] >= 1 and result["width"] >= 2
     figures = result["ms_per_pass"]
-    assert set(figures) == {"AR host work", "B=16 host work", "floor, warm", "floor, after a weights-sized read"}
+    assert set(figures) == {"AR host work", "B=16 host work", "floor, warm", "floor, after a weights-sized read",
+                            "the ranked tree's choice, warm", "the ranked tree's choice, after a weights-sized read"}
     assert all(ms > 0 for ms in figures.values())
     assert (tmp_path / "floor.json").is_file()
     out = capsys.readouterr().out

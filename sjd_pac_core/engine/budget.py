@@ -95,8 +95,12 @@ def position_classes(carried: int, window: int, after_leaf: bool) -> Tuple[int, 
     bonus token followed the leaf), capped at MAX_DISTANCE; LEAF_START for the first position
     after such a pass; NEW past the `carried` drafts the last pass verified."""
     change = -2 if after_leaf else -1
-    return tuple(NEW if j >= carried else LEAF_START if after_leaf and j == 0 else min(j - change, MAX_DISTANCE)
-                 for j in range(window))
+    carried = max(0, min(carried, window))
+    counted = min(carried, max(0, MAX_DISTANCE + change))  # the positions nearer than MAX_DISTANCE
+    classes = [*range(-change, counted - change)] + [MAX_DISTANCE] * (carried - counted)  # whole runs, no loop
+    if after_leaf and carried:
+        classes[0] = LEAF_START
+    return tuple(classes) + (NEW,) * (window - carried)
 
 
 def chain_floor(tokens_per_pass: float, budget: int) -> int:

@@ -540,6 +540,31 @@ def test_blend_acceptance_is_one_minus_the_total_variation_of_each_blend():
     assert torch.allclose(both, torch.tensor([[0.0, 0.5, 1.0], [0.5, 0.75, 1.0]]))
 
 
+def _real_slots_the_law_gives(log_law: torch.Tensor, cands: torch.Tensor, valid: torch.Tensor) -> bool:
+    """Every real slot after the draft holds a token the law gives something to."""
+    return bool((log_law.gather(1, cands)[:, 1:] > float("-inf"))[valid[:, 1:]].all())
+
+
+def test_gumbel_candidates_beside_a_draft_are_the_laws_tokens_by_noise_and_padding_past_its_support():
+    # The law gives tokens 0, 2 and 4 anything (-inf elsewhere); the draft is inside its support
+    # in row 0 and outside it in row 1 (a draft comes from its own q). Five slots each.
+    inf = float("-inf")
+    log_law = torch.tensor([[0.0, inf, -1.0, inf, -2.0, inf]]).expand(2, -1)
+    first, positions, k = torch.tensor([2, 1]), torch.tensor([3, 4]), 5
+    cands, valid = rules.GumbelRule(9, 6).candidates_beside_of_logs(log_law, first, k, positions)
+    assert cands[:, 0].tolist() == [2, 1]
+    assert valid.tolist() == [[True, True, True, False, False], [True, True, True, True, False]]
+    keys = log_law + gumbel_noise(9, positions, 6)
+    for row, others in ((0, [0, 4]), (1, [0, 2, 4])):
+        real = cands[row, 1 : 1 + len(others)].tolist()
+        assert real == sorted(others, key=lambda t: -float(keys[row, t]))  # the law's tokens, best key first
+    assert _real_slots_the_law_gives(log_law, cands, valid)
+    # Control: one real slot too many (the support counted with the draft in row 0) is caught.
+    planted = valid.clone()
+    planted[0, 3] = True
+    assert not _real_slots_the_law_gives(log_law, cands, planted)
+
+
 def test_draft_and_ranked_keep_the_draft_first_and_the_other_proposals_order_without_it():
     first = torch.tensor([4, 7, 2])
     ranked = torch.tensor([[1, 4, 3, 0],    # the draft ranked second: left out, the rest in order

@@ -29,7 +29,6 @@ from ..models.base import TokenModel
 from ..models.causal_lm import as_token_model
 from ..sampling import rules
 from ..sampling.constraint_table import ConstraintTable
-from ..sampling.drafting import adaptive_continuation
 from ..sampling.recipe import SamplingRecipe, TokenConstraints, processed_logits
 from ..sampling.rules import NodeChildren
 from ..sampling.tree import TreeLayout, layout_bytes
@@ -231,6 +230,11 @@ class _Decoder:
         self.positions = torch.arange(self.num_tokens + span + self.pass_nodes + 2, device=self.device)
         # The committed tokens, filled pass by pass ([:num_committed] are final): the run's one buffer.
         self.committed = torch.zeros(self.num_tokens, dtype=torch.long, device=self.device)
+        # A pass's flat token source ends in the padding token; its validity: True for the root
+        # and the window, False for the padding (made once: a pass only reads them).
+        self.padding_token = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.real = torch.ones(1, dtype=torch.bool, device=self.device)
+        self.not_real = torch.zeros(1, dtype=torch.bool, device=self.device)
         self.ctx = DraftContext(self.rule, self.recipe, self.constraints, self.num_tokens,
                                 config.init_proposal, self.positions, self.committed, constraints.row_length)
         self.timer = ForwardTimer(self.device)
@@ -394,14 +398,13 @@ class _Decoder:
             shape = PassShape.build(draft.layout, levels, width, len(window), envelope, self.device)
         else:
             shape = pass_shape(draft.layout, levels, width, len(window), envelope, self.device)
-        root, pad = state.root_token, state.root_token.new_zeros(1)
-        real = torch.ones(1, dtype=torch.bool, device=self.device)
+        root, pad, real = state.root_token, self.padding_token, self.real
         if tree is not None:
             flat = torch.cat([root, tree.candidates.reshape(-1), window.tokens, pad])
-            valid = torch.cat([real, tree.valid.reshape(-1), real.expand(len(window)), ~real])
+            valid = torch.cat([real, tree.valid.reshape(-1), real.expand(len(window)), self.not_real])
         else:
             flat = torch.cat([root, window.tokens, pad])
-            valid = torch.cat([real.expand(1 + len(window)), ~real])
+            valid = torch.cat([real.expand(1 + len(window)), self.not_real])
         return PassPlan(shape=shape, draft=draft, start=state.num_committed,
                         tokens=flat.index_select(0, shape.token_source), children=shape.children(flat, valid))
 
@@ -423,8 +426,7 @@ class _Decoder:
         probs = torch.softmax(processed, dim=-1)
         children = plan.children
         accepted, next_token = self.rule.verify(probs, positions, children, plan.draft, processed)
-        chosen = children.tokens.gather(1, accepted.clamp(min=0).unsqueeze(1)).squeeze(1)
-        draft_token = adaptive_continuation(chosen, accepted >= 0, next_token)
+        draft_token = self.rule.continued(children, accepted, next_token)
         return Verdict(accepted_child=accepted, next_token=next_token, draft_token=draft_token, p=probs,
                        positions=positions, non_finite_at=first_non_finite(probs, positions))
 

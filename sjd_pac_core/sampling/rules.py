@@ -17,6 +17,9 @@ Both expose the same operations, so the loop never branches on the rule:
                                       does not: it also takes the law as logs,
                                       candidates_beside_of_logs, and skips normalising it)
   chain_candidates(...)               the same for many rows at once (the chain siblings)
+  continued(children, accepted, next_token)
+                                      per node, Adaptive Continuation's draw: the accepted
+                                      child's token (the old draft kept), else next_token
 Every operation stays on the device: no host sync.
 """
 
@@ -28,11 +31,10 @@ from typing import Optional, Protocol, Tuple, Union
 import torch
 
 from .seeds import reduce_seed
-from .drafting import draft_and_ranked
+from .drafting import adaptive_continuation, draft_and_ranked
 from .verify import (
     beside_validity,
     candidate_validity,
-    candidate_validity_of_logs,
     first_true,
     gumbel_argmax,
     gumbel_argmax_of_logs,
@@ -153,6 +155,12 @@ class RejectionRule:
         """As `candidates`, for every chain position at once."""
         return self.candidates(q, first, k, positions)
 
+    def continued(self, children: NodeChildren, accepted: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
+        """Adaptive Continuation's draw at every node: the accepted child's token, else the
+        residual's draw `next_token` (either way a draw from the node's p)."""
+        chosen = children.tokens.gather(1, accepted.clamp(min=0).unsqueeze(1)).squeeze(1)
+        return adaptive_continuation(chosen, accepted >= 0, next_token)
+
 
 class GumbelNoiseWindow:
     """The Gumbel noise of the positions a pass may touch, hashed once per position and run.
@@ -250,12 +258,19 @@ class GumbelRule:
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """`candidates_beside` from the law's logs, unnormalised (-inf where it gives nothing)."""
         ranked = gumbel_top_k_of_logs(log_law, self._noise(positions), min(k + 1, int(log_law.shape[-1])))
-        return draft_and_ranked(first, ranked, candidate_validity_of_logs(log_law, ranked.shape[1]), k)
+        # A ranked token is real where the law gives it anything: the noise is finite, so those
+        # rank before every -inf, and the rest are padding.
+        return draft_and_ranked(first, ranked, log_law.gather(-1, ranked) > float("-inf"), k)
 
     def chain_candidates(
         self, q: torch.Tensor, first: torch.Tensor, k: int, positions: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         return self.candidates(q, first, k, positions)  # already one op over all rows
+
+    def continued(self, children: NodeChildren, accepted: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
+        """Adaptive Continuation's draw: the target itself, at every node (a child is accepted
+        only when its token is the target, so keeping it is taking the target)."""
+        return next_token
 
 
 def make_rule(

@@ -56,11 +56,9 @@ def speculative_accept(
 
 
 def first_true(flags: torch.Tensor) -> torch.Tensor:
-    """Index of the first True along the last axis, or -1 where there is none."""
-    k = flags.shape[-1]
-    order = torch.arange(k, 0, -1, device=flags.device)
-    best = (flags.long() * order).argmax(-1)
-    return torch.where(flags.any(-1), best, torch.full_like(best, -1))
+    """Index of the first True along the last axis, or -1 where there is none (argmax returns
+    the first of equal maxima)."""
+    return torch.where(flags.any(-1), flags.to(torch.uint8).argmax(-1), -1)
 
 
 def sample(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
@@ -203,12 +201,6 @@ def beside_validity(law: torch.Tensor, first: torch.Tensor, width: int) -> torch
     from it with the draft left out, `sample_without_replacement_rows`)."""
     others = (law > 0).sum(-1, keepdim=True) - (law.gather(-1, first.unsqueeze(-1)) > 0).long()
     return torch.arange(width, device=law.device) <= others
-
-
-def candidate_validity_of_logs(log_weights: torch.Tensor, width: int) -> torch.Tensor:
-    """candidate_validity from log weights: the support is where they are above -inf."""
-    support = (log_weights > float("-inf")).sum(-1, keepdim=True)
-    return torch.arange(width, device=log_weights.device) < support
 
 
 def candidate_validity(q: torch.Tensor, width: int) -> torch.Tensor:

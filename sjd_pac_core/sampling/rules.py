@@ -172,7 +172,9 @@ class GumbelNoiseWindow:
 
     def __init__(self, seed: int, vocab_size: int, num_tokens: int, span: int, device) -> None:
         self.seed, self.vocab_size, self.num_tokens = seed, vocab_size, num_tokens
-        self.chunk = max(int(span), 16)
+        # At least 64 positions: hashing is a few dozen operations per call whatever its size, and a
+        # short window's chunk would move on every few passes.
+        self.chunk = max(int(span), 64)
         self.device = device
         self.base: Optional[int] = None
         self.noise: Optional[torch.Tensor] = None

@@ -129,8 +129,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--out", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    if args.budget < 1 or args.reps < 1 or args.prompts < 1:
-        parser.error("--budget, --reps and --prompts must be at least 1")
+    if min(args.budget, args.reps, args.prompts, args.threads) < 1:
+        parser.error("--budget, --reps, --prompts and --threads must be at least 1")
     torch.set_num_threads(args.threads)
     model = sp.load_model(args.model, device="cpu")
     defaults = model.defaults.sampler_config()

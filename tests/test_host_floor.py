@@ -42,4 +42,4 @@ def test_host_floor_reports_every_row_at_the_runs_shapes(tmp_path, capsys):
 def test_host_floor_refuses_an_empty_budget_before_any_work(capsys):
     with pytest.raises(SystemExit):
         _host_floor().main(["--budget", "0"])
-    assert "--budget, --reps and --prompts must be at least 1" in capsys.readouterr().err
+    assert "--budget, --reps, --prompts and --threads must be at least 1" in capsys.readouterr().err

@@ -58,7 +58,7 @@ def speculative_accept(
 def first_true(flags: torch.Tensor) -> torch.Tensor:
     """Index of the first True along the last axis, or -1 where there is none (argmax returns
     the first of equal maxima)."""
-    return torch.where(flags.any(-1), flags.to(torch.uint8).argmax(-1), -1)
+    return torch.where(flags.any(-1), flags.long().argmax(-1), -1)
 
 
 def sample(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:

@@ -121,9 +121,8 @@ class NeighbourLaws:
         """kept: the sums a row keeps (None or >= vocab: every one, dense rows)."""
         self.vocab = vocab
         self.row_length = row_length
-        self.experts = 2 if row_length else 1
-        rows = self.experts * (vocab + 1)
-        self.sums = (DenseRows(vocab, device, rows) if kept is None or kept >= vocab
+        rows = (2 if row_length else 1) * (vocab + 1)  # a block of V + 1 rows per expert
+        self.sums: Union[DenseRows, TopRows] = (DenseRows(vocab, device, rows) if kept is None or kept >= vocab
                      else TopRows(vocab, kept, device, rows))
         self.counts = torch.zeros(rows, device=device)
 
@@ -188,21 +187,19 @@ class NeighbourLaws:
         index = line[back - 1 : back - 1 + rows]  # the left neighbours
         if self.row_length:
             index = torch.cat([index, line[:rows] + (self.vocab + 1)])  # and the tokens above
-        log_law, seen = self._log_law(self.sums, self.counts, index)
+        log_law, seen = self._log_law(index)
         if not self.row_length:
             return log_law, seen.squeeze(1)
         seen = seen.to(log_law.dtype)
         experts = seen[:rows] + seen[rows:]
         return (log_law[:rows] + log_law[rows:]) / experts.clamp(min=1.0), (experts > 0).squeeze(1)
 
-    @staticmethod
-    def _log_law(sums: Union[DenseRows, TopRows], counts: torch.Tensor,
-                 rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _log_law(self, rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """[R, V]: log of the average p of each table row (0 where it was never seen), and bool
         [R, 1]: whether it was seen."""
-        count = counts[rows].unsqueeze(1)
+        count = self.counts[rows].unsqueeze(1)
         seen = count > 0
-        return torch.log((sums.read(rows) / count.clamp(min=1.0)).clamp(min=FLOOR)) * seen, seen
+        return torch.log((self.sums.read(rows) / count.clamp(min=1.0)).clamp(min=FLOOR)) * seen, seen
 
 
 def make_laws(vocab: int, row_length: int, device: torch.device) -> Optional[NeighbourLaws]:

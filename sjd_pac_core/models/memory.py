@@ -203,9 +203,10 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-# The run's neighbour laws (engine/neighbour_laws.py): two tables with a row per token, dense
-# [V + 1, V] floats where both fit LAW_DENSE_MAX_BYTES, else each row's largest sums (an id and a sum,
-# 12 bytes each) within LAW_COMPACT_MAX_BYTES, at most LAW_MAX_KEPT a row; no law below LAW_MIN_KEPT.
+# The run's neighbour laws (engine/neighbour_laws.py): a block of V + 1 rows per table (expert) in
+# one table, dense [V + 1, V] floats a block where all fit LAW_DENSE_MAX_BYTES, else each row's largest
+# sums (an id and a sum, 12 bytes each) within LAW_COMPACT_MAX_BYTES, at most LAW_MAX_KEPT a row; no
+# law below LAW_MIN_KEPT.
 LAW_DENSE_MAX_BYTES = 256 * 2**20
 LAW_COMPACT_MAX_BYTES = 64 * 2**20
 LAW_MAX_KEPT = 64

@@ -37,6 +37,7 @@ from sjd_pac_core.bench.baselines import causal_lm_of  # noqa: E402
 from sjd_pac_core.bench.runner import load_prompts  # noqa: E402
 from sjd_pac_core.engine import drafters  # noqa: E402
 from sjd_pac_core.engine.neighbour_laws import NeighbourLaws  # noqa: E402
+from sjd_pac_core.files import check_file_name, write_atomic  # noqa: E402
 from sjd_pac_core.sampling.constraint_table import ConstraintTable  # noqa: E402
 from sjd_pac_core.sampling.recipe import SamplingRecipe, processed_logits  # noqa: E402
 from sjd_pac_core.sampling.rules import make_rule  # noqa: E402
@@ -131,6 +132,11 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if min(args.budget, args.reps, args.prompts, args.threads) < 1:
         parser.error("--budget, --reps, --prompts and --threads must be at least 1")
+    if args.out:
+        try:
+            check_file_name(args.out, "--out")
+        except ValueError as exc:
+            parser.error(str(exc))
     torch.set_num_threads(args.threads)
     model = sp.load_model(args.model, device="cpu")
     defaults = model.defaults.sampler_config()
@@ -169,8 +175,9 @@ def main(argv=None) -> dict:
     print(f"| 3 x AR's host work | {3 * ar:.3f} | 3.00x |")
     result = dict(model=args.model, budget=args.budget, rows=rows, candidate_rows=candidates, width=width,
                   threads=args.threads, ms_per_pass=figures)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+    if args.out:  # readers see the old file or the whole new one
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(args.out, json.dumps(result, indent=1).encode())
     return result
 
 

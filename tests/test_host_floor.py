@@ -8,6 +8,8 @@ puts them back), reports every row, and refuses impossible knobs before any work
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -34,7 +36,11 @@ def test_host_floor_reports_every_row_at_the_runs_shapes(tmp_path, capsys):
     assert set(figures) == {"AR host work", "B=16 host work", "floor, warm", "floor, after a weights-sized read",
                             "the ranked tree's choice, warm", "the ranked tree's choice, after a weights-sized read"}
     assert all(ms > 0 for ms in figures.values())
-    assert (tmp_path / "floor.json").is_file()
+    written = tmp_path / "floor.json"
+    assert json.loads(written.read_text())["ms_per_pass"] == figures
+    umask = os.umask(0)
+    os.umask(umask)
+    assert written.stat().st_mode & 0o777 == 0o666 & ~umask  # the mode open() gives, not a temp file's
     out = capsys.readouterr().out
     assert "| B=16 host work |" in out and "| 3 x AR's host work |" in out
 

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import sjd_pac_core as sp  # noqa: E402
+from sjd_pac_core.arguments import MAX_SEEDS  # noqa: E402
 from sjd_pac_core.bench.baselines import causal_lm_of  # noqa: E402
 from sjd_pac_core.bench.runner import load_prompts  # noqa: E402
 from sjd_pac_core.engine import drafters  # noqa: E402
@@ -41,6 +42,8 @@ from sjd_pac_core.files import check_file_name, write_atomic  # noqa: E402
 from sjd_pac_core.sampling.constraint_table import ConstraintTable  # noqa: E402
 from sjd_pac_core.sampling.recipe import SamplingRecipe, processed_logits  # noqa: E402
 from sjd_pac_core.sampling.rules import make_rule  # noqa: E402
+
+MAX_REPS = 100_000  # timed calls of each floor row (each takes about a millisecond)
 
 
 @contextlib.contextmanager
@@ -132,6 +135,12 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if min(args.budget, args.reps, args.prompts, args.threads) < 1:
         parser.error("--budget, --reps, --prompts and --threads must be at least 1")
+    if args.reps > MAX_REPS or len(args.seeds) > MAX_SEEDS:
+        parser.error(f"--reps takes at most {MAX_REPS:,} and --seeds at most {MAX_SEEDS:,} seeds; 300 and 0 1 are enough")
+    try:  # the budget's bounds, before the model is loaded
+        sp.SamplerConfig(method="sjd_pac", node_budget=args.budget)
+    except sp.ConfigError as exc:
+        parser.error(str(exc))
     if args.out:
         try:
             check_file_name(args.out, "--out")

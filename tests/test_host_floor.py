@@ -45,7 +45,10 @@ def test_host_floor_reports_every_row_at_the_runs_shapes(tmp_path, capsys):
     assert "| B=16 host work |" in out and "| 3 x AR's host work |" in out
 
 
-def test_host_floor_refuses_an_empty_budget_before_any_work(capsys):
-    with pytest.raises(SystemExit):
-        _host_floor().main(["--budget", "0"])
-    assert "--budget, --reps, --prompts and --threads must be at least 1" in capsys.readouterr().err
+def test_host_floor_refuses_impossible_knobs_before_any_work(capsys):
+    for argv, says in ((["--budget", "0"], "--budget, --reps, --prompts and --threads must be at least 1"),
+                       (["--budget", "5000"], "node_budget must be None, an integer from 1 to 1024"),
+                       (["--reps", "10000000"], "--reps takes at most 100,000")):
+        with pytest.raises(SystemExit):
+            _host_floor().main(argv)
+        assert says in capsys.readouterr().err
